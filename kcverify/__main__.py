@@ -1,0 +1,5 @@
+import sys
+
+from kcverify.cli import main
+
+sys.exit(main())

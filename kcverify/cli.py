@@ -1,0 +1,46 @@
+"""Command line: parse arguments, call the library, render. No logic lives here.
+
+Each sub-command is a module in kcverify.commands exposing ``register(subparsers)``, which adds
+its parser and sets ``func(args) -> int``. Exit codes: 0 success, 1 a clause/certificate does not
+hold, 2 bad input (one ``error:`` line, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from kcverify import __version__
+from kcverify.errors import KcverifyError
+
+COMMANDS = ("lint", "inspect", "bound", "prove", "check", "registry")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kcverify", description="Prove or refute training-inference kernel contracts.")
+    parser.add_argument("--version", action="version", version=f"kcverify {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        module = importlib.import_module(f"kcverify.commands.{name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    try:
+        return int(args.func(args))
+    except KcverifyError as e:
+        print(e.render(), file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""`kcverify lint` (not implemented yet)."""
+
+from __future__ import annotations
+
+import argparse
+
+from kcverify.errors import KcverifyError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("lint", help="(not implemented yet)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    raise KcverifyError("'kcverify lint' is not implemented yet")

@@ -1,0 +1,95 @@
+"""Number formats and their constants (DESIGN section 1.1). Pure Python: the DSL imports this.
+
+For a floating format with p significand bits (implicit bit included), round-to-nearest gives
+|fl(a) - a| <= u*|a| for a in the normal range with u = 2^-p, and |fl(a) - a| <= eta (half the
+smallest subnormal) below it; together |fl(a) - a| <= u*|a| + eta for every finite a.
+Integer formats are symmetric with steps in [-qmax, qmax]; |s*round(a/s) - a| <= s/2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kcverify.errors import KernelSpecError
+
+
+@dataclass(frozen=True)
+class Format:
+    """A number format: its kind, constants, and the ml_dtypes name that realizes it exactly."""
+
+    name: str
+    kind: Literal["float", "int"]
+    bits: int
+    u: float = 0.0  # unit roundoff (float formats)
+    max_finite: float = 0.0  # largest finite magnitude (float) or qmax (int)
+    min_normal: float = 0.0
+    eta: float = 0.0  # half the smallest subnormal
+    mantissa_bits: int = 0  # explicit fraction bits
+    exponent_bits: int = 0
+    ml_dtype: str | None = None  # ml_dtypes / numpy name of the exact cast
+
+    @property
+    def qmax(self) -> int:
+        """Largest integer step of an int format."""
+        if self.kind != "int":
+            raise ValueError(f"{self.name} is not an integer format")
+        return int(self.max_finite)
+
+    @property
+    def smallest_subnormal(self) -> float:
+        return 2.0 * self.eta
+
+    def canonical(self) -> str:
+        return self.name
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("fp8_e4m3", "float", 8, u=2.0**-4, max_finite=448.0, min_normal=2.0**-6,
+               eta=2.0**-10, mantissa_bits=3, exponent_bits=4, ml_dtype="float8_e4m3fn"),
+        Format("fp8_e5m2", "float", 8, u=2.0**-3, max_finite=57344.0, min_normal=2.0**-14,
+               eta=2.0**-17, mantissa_bits=2, exponent_bits=5, ml_dtype="float8_e5m2"),
+        Format("bf16", "float", 16, u=2.0**-8, max_finite=float.fromhex("0x1.fep+127"),
+               min_normal=2.0**-126, eta=2.0**-134, mantissa_bits=7, exponent_bits=8,
+               ml_dtype="bfloat16"),
+        Format("fp16", "float", 16, u=2.0**-11, max_finite=65504.0, min_normal=2.0**-14,
+               eta=2.0**-25, mantissa_bits=10, exponent_bits=5, ml_dtype="float16"),
+        Format("fp32", "float", 32, u=2.0**-24, max_finite=float.fromhex("0x1.fffffep+127"),
+               min_normal=2.0**-126, eta=2.0**-150, mantissa_bits=23, exponent_bits=8,
+               ml_dtype="float32"),
+        Format("fp64", "float", 64, u=2.0**-53, max_finite=float.fromhex("0x1.fffffffffffffp+1023"),
+               min_normal=2.0**-1022, eta=2.0**-1075, mantissa_bits=52, exponent_bits=11,
+               ml_dtype="float64"),
+        Format("int8", "int", 8, max_finite=127.0, ml_dtype="int8"),
+        Format("int4", "int", 4, max_finite=7.0, ml_dtype="int4"),
+    )
+}
+
+ALIASES = {
+    "e4m3": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3",
+    "e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2", "bfloat16": "bf16", "float16": "fp16",
+    "half": "fp16", "float32": "fp32", "float": "fp32", "float64": "fp64", "double": "fp64",
+}
+
+
+def get_format(name: str) -> Format:
+    """Look a format up by name or alias; unknown names raise KernelSpecError listing the known."""
+    key = ALIASES.get(str(name).lower(), str(name).lower())
+    try:
+        return FORMATS[key]
+    except KeyError:
+        raise KernelSpecError(
+            f"unknown number format {name!r}; expected one of {', '.join(FORMATS)}") from None
+
+
+def gamma(n: int, u: float) -> float:
+    """Higham's gamma_n = n*u / (1 - n*u): the relative error of an n-term sum in any order.
+
+    Valid only when n*u < 1; callers must check (a kernel with n*u >= 1 has no bound).
+    """
+    nu = n * u
+    if nu >= 1.0:
+        return float("inf")
+    return nu / (1.0 - nu)

@@ -1,0 +1,181 @@
+"""Kernel specs: typed, canonical descriptions of a family of conforming programs (DESIGN 1.1).
+
+Pure Python (the DSL imports this). The semantics a spec fixes, for every program conforming to it:
+
+* every tensor an op produces is stored in ``compute`` format: an elementwise or normalising
+  primitive returns its exact result with relative error <= ulps[primitive] * u_compute (plus the
+  format's eta below the normal range); +, -, *, / are correctly rounded (1 ulp = u);
+* a MatMul / Gemm / Conv casts its constant inputs by ``weights`` and its non-constant inputs by
+  ``activations`` (when given; otherwise they stay in ``compute`` format), multiplies exactly and
+  accumulates in ``accumulate`` format in any order (error <= gamma_n * sum |a_i b_i|), then
+  rescales and rounds the result to ``compute`` format;
+* casts round to nearest-even unless ``rounding: any`` (then any neighbour of the exact value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcverify.errors import KernelSpecError
+from kcverify.kernels.formats import Format, get_format
+
+WEIGHT_SCALES = ("none", "per_tensor", "per_channel", "per_block", "static")
+ACTIVATION_SCALES = ("none", "static", "dynamic_per_tensor", "dynamic_per_token", "dynamic_per_block")
+ROUNDINGS = ("nearest", "any")
+# Default error, in ulps of the compute format, of each primitive a conforming program may use.
+DEFAULT_ULPS: dict[str, float] = {
+    "add": 1, "mul": 1, "div": 1, "sqrt": 1, "exp": 2, "log": 2, "tanh": 2, "erf": 2,
+    "sigmoid": 2, "pow": 2, "rsqrt": 2, "reduce": 1,
+}
+
+Locate = Callable[[tuple[str, ...]], tuple[str | None, int | None, int | None]]
+
+
+def _nowhere(_path: tuple[str, ...]) -> tuple[str | None, int | None, int | None]:
+    return (None, None, None)
+
+
+@dataclass(frozen=True)
+class CastSpec:
+    """How one tensor role (weights or activations) is cast before a MatMul/Gemm/Conv."""
+
+    format: Format
+    scale: str = "none"
+    block_size: int | None = None
+    value: float | None = None  # the scale itself, for ``static``
+
+    def canonical(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": self.format.name, "scale": self.scale}
+        if self.block_size is not None:
+            out["block_size"] = self.block_size
+        if self.value is not None:
+            out["value"] = float(self.value).hex()
+        return out
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel: the error model of every program that conforms to it."""
+
+    name: str
+    compute: Format
+    accumulate: Format
+    weights: CastSpec | None = None
+    activations: CastSpec | None = None
+    rounding: str = "nearest"
+    ulps: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_ULPS))
+    onnx: str | None = None  # a second ONNX graph (e.g. QDQ) that *is* this kernel
+
+    def ulp(self, primitive: str) -> float:
+        return float(self.ulps.get(primitive, DEFAULT_ULPS.get(primitive, 2)))
+
+    def canonical(self) -> dict[str, Any]:
+        """A JSON-able, order-independent form: what certificates digest."""
+        out: dict[str, Any] = {
+            "compute": self.compute.name,
+            "accumulate": self.accumulate.name,
+            "rounding": self.rounding,
+            "ulps": {k: float(v) for k, v in sorted(self.ulps.items())},
+        }
+        if self.weights is not None:
+            out["weights"] = self.weights.canonical()
+        if self.activations is not None:
+            out["activations"] = self.activations.canonical()
+        if self.onnx is not None:
+            out["onnx"] = self.onnx
+        return out
+
+
+def _fail(locate: Locate, path: tuple[str, ...], message: str) -> KernelSpecError:
+    file, line, col = locate(path)
+    return KernelSpecError(message, file, line, col)
+
+
+def _format(value: Any, locate: Locate, path: tuple[str, ...]) -> Format:
+    try:
+        return get_format(str(value))
+    except KernelSpecError as e:
+        raise _fail(locate, path, e.message) from None
+
+
+def _cast(raw: Any, role: str, locate: Locate, path: tuple[str, ...]) -> CastSpec:
+    if isinstance(raw, str):
+        raw = {"format": raw}
+    if not isinstance(raw, Mapping):
+        raise _fail(locate, path, f"kernel {role} must be a mapping with 'format' and 'scale'")
+    allowed = {"format", "scale", "block_size", "value"}
+    for key in raw:
+        if key not in allowed:
+            raise _fail(locate, (*path, str(key)),
+                        f"unknown key {key!r} in {role}; expected one of {', '.join(sorted(allowed))}")
+    if "format" not in raw:
+        raise _fail(locate, path, f"{role} needs a 'format'")
+    fmt = _format(raw["format"], locate, (*path, "format"))
+    scales = WEIGHT_SCALES if role == "weights" else ACTIVATION_SCALES
+    scale = str(raw.get("scale", "none"))
+    if scale not in scales:
+        raise _fail(locate, (*path, "scale"),
+                    f"unknown {role} scaling {scale!r}; expected one of {', '.join(scales)}")
+    block = raw.get("block_size")
+    if scale.endswith("per_block"):
+        block = 32 if block is None else block
+        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+            raise _fail(locate, (*path, "block_size"), "block_size must be a positive integer")
+    elif block is not None:
+        raise _fail(locate, (*path, "block_size"), f"block_size needs a per_block scale, not {scale!r}")
+    value = raw.get("value")
+    if scale == "static":
+        if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+            raise _fail(locate, (*path, "value"), "a static scale needs a positive number 'value'")
+        value = float(value)
+    elif value is not None:
+        raise _fail(locate, (*path, "value"), f"'value' is only for a static scale, not {scale!r}")
+    if fmt.kind == "int" and role == "activations":
+        raise _fail(locate, (*path, "format"),
+                    f"integer format {fmt.name!r} is supported for weights only (weight-only quantization)")
+    if fmt.kind == "int" and scale == "none":
+        raise _fail(locate, (*path, "scale"), f"integer format {fmt.name!r} needs a scale")
+    return CastSpec(fmt, scale, block, value)
+
+
+def parse_kernel_spec(name: str, raw: Any, locate: Locate | None = None) -> KernelSpec:
+    """Build a KernelSpec from its YAML mapping; ``locate(path)`` gives (file, line, col) of a key."""
+    locate = locate or _nowhere
+    path = ("kernels", name)
+    if not isinstance(raw, Mapping):
+        raise _fail(locate, path, f"kernel {name!r} must be a mapping")
+    allowed = {"compute", "accumulate", "weights", "activations", "rounding", "ulps", "onnx"}
+    for key in raw:
+        if key not in allowed:
+            raise _fail(locate, (*path, str(key)),
+                        f"unknown key {key!r} in kernel {name!r}; expected one of {', '.join(sorted(allowed))}")
+    compute = _format(raw.get("compute", "fp32"), locate, (*path, "compute"))
+    accumulate = _format(raw.get("accumulate", compute.name), locate, (*path, "accumulate"))
+    for role_name, fmt in (("compute", compute), ("accumulate", accumulate)):
+        if fmt.kind != "float" or fmt.bits < 16:
+            raise _fail(locate, (*path, role_name),
+                        f"{role_name} format must be bf16, fp16, fp32 or fp64, not {fmt.name!r}")
+    weights = _cast(raw["weights"], "weights", locate, (*path, "weights")) if "weights" in raw else None
+    acts = (_cast(raw["activations"], "activations", locate, (*path, "activations"))
+            if "activations" in raw else None)
+    rounding = str(raw.get("rounding", "nearest"))
+    if rounding not in ROUNDINGS:
+        raise _fail(locate, (*path, "rounding"),
+                    f"unknown rounding {rounding!r}; expected one of {', '.join(ROUNDINGS)}")
+    ulps = dict(DEFAULT_ULPS)
+    raw_ulps = raw.get("ulps", {})
+    if not isinstance(raw_ulps, Mapping):
+        raise _fail(locate, (*path, "ulps"), "ulps must map primitive names to numbers")
+    for prim, v in raw_ulps.items():
+        if prim not in DEFAULT_ULPS:
+            raise _fail(locate, (*path, "ulps", str(prim)),
+                        f"unknown primitive {prim!r}; expected one of {', '.join(DEFAULT_ULPS)}")
+        if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
+            raise _fail(locate, (*path, "ulps", str(prim)), "ulps must be a non-negative number")
+        ulps[str(prim)] = float(v)
+    onnx_path = raw.get("onnx")
+    if onnx_path is not None and not isinstance(onnx_path, str):
+        raise _fail(locate, (*path, "onnx"), "onnx must be a path to a second ONNX graph")
+    return KernelSpec(name, compute, accumulate, weights, acts, rounding, ulps, onnx_path)

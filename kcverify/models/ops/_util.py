@@ -1,0 +1,91 @@
+"""Helpers shared by the op families: ONNX element types, numpy arrays and int lists as tensors.
+
+Every floating tensor is held in the executor's float dtype; a cast to a narrower float format
+(fp16, bf16, fp8) rounds the value exactly to that format and keeps it in the executor's dtype.
+Integer and boolean tensors keep their own torch dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import ml_dtypes
+import numpy as np
+import torch
+from onnx import TensorProto
+
+# ONNX element type -> the torch dtype an *integer/bool* tensor is held in.
+INT_TYPES: dict[int, torch.dtype] = {
+    TensorProto.UINT8: torch.uint8, TensorProto.INT8: torch.int8,
+    TensorProto.UINT16: torch.uint16, TensorProto.INT16: torch.int16,
+    TensorProto.INT32: torch.int32, TensorProto.INT64: torch.int64,
+    TensorProto.UINT32: torch.uint32, TensorProto.UINT64: torch.uint64,
+    TensorProto.BOOL: torch.bool,
+}
+# ONNX float element type -> the torch dtype whose rounding it has (None: the executor's float).
+FLOAT_TYPES: dict[int, torch.dtype | None] = {
+    TensorProto.FLOAT: None, TensorProto.DOUBLE: None,
+    TensorProto.FLOAT16: torch.float16, TensorProto.BFLOAT16: torch.bfloat16,
+    TensorProto.FLOAT8E4M3FN: torch.float8_e4m3fn, TensorProto.FLOAT8E5M2: torch.float8_e5m2,
+}
+_ML_FLOATS = {np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn),
+              np.dtype(ml_dtypes.float8_e5m2)}
+
+
+def round_to(value: torch.Tensor, fmt: torch.dtype | None, saturate: bool = False) -> torch.Tensor:
+    """``value`` rounded to nearest-even in ``fmt``, returned in ``value``'s dtype.
+
+    fp8 (ONNX semantics): with ``saturate`` every value (inf too) is clamped to +-max first;
+    without it a magnitude past max + ulp/2 (ties to even) becomes NaN (e4m3fn) or inf (e5m2).
+    """
+    if fmt is None:
+        return value
+    if fmt in _FP8_OVERFLOW:
+        top = torch.finfo(fmt).max
+        if saturate:
+            return value.clamp(-top, top).to(fmt).to(value.dtype)
+        out = value.clamp(-top, top).to(fmt).to(value.dtype)
+        limit, tie_up = _FP8_OVERFLOW[fmt]
+        mag = value.abs()
+        over = (mag >= limit) if tie_up else (mag > limit)
+        if fmt == torch.float8_e4m3fn:
+            special = torch.full_like(out, float("nan"))
+        else:
+            special = torch.copysign(torch.full_like(out, float("inf")), value)
+        return torch.where(over, special, out)
+    return value.to(fmt).to(value.dtype)
+
+
+# fp8 format -> (max + ulp/2, whether that tie rounds up past max: max's last mantissa bit is 1)
+_FP8_OVERFLOW: dict[torch.dtype, tuple[float, bool]] = {
+    torch.float8_e4m3fn: (448.0 + 16.0, False),
+    torch.float8_e5m2: (57344.0 + 4096.0, True),
+}
+
+
+def from_numpy(arr: np.ndarray, float_dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A numpy array (ml_dtypes floats too) as a tensor: floats in ``float_dtype`` (exact for
+    every narrower format), integers and booleans in their own dtype."""
+    a = np.asarray(arr)
+    if a.dtype in _ML_FLOATS or a.dtype.kind == "f":
+        return torch.from_numpy(np.ascontiguousarray(a.astype(np.float64))).to(device, float_dtype)
+    if a.dtype == np.bool_:
+        return torch.from_numpy(np.array(a, copy=True)).to(device)
+    if a.dtype.kind in "iu":
+        return torch.from_numpy(np.array(a, copy=True)).to(device)
+    raise TypeError(f"unsupported array dtype {a.dtype}")
+
+
+def ints(t: torch.Tensor | None) -> list[int]:
+    """A (shape-like) integer tensor as a Python list of ints; ``None`` gives []."""
+    if t is None:
+        return []
+    return [int(v) for v in t.reshape(-1).tolist()]
+
+
+def int_tensor(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(list(values), dtype=torch.int64, device=device)
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis

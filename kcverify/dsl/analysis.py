@@ -24,13 +24,13 @@ or as the whole body of a forall (then op ``>=`` and threshold 1: every element 
     topk_agree    topk_agree(x[, t], k)              (k as written)
 
 ``per_position`` is true when the quantity is evaluated per token position t (the aggregate then
-ranges over (input, position) pairs). ``numerical_queries`` also splits a top-level ``and`` (the
-short form over several slices) into one query per conjunct.
+ranges over (input, position) pairs). ``numerical_queries`` also splits conjunctions (the short
+form over several slices, or ``forall x in S: forall t: A and B``) into one query per conjunct.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kcverify.dsl.ast import (
     Aggregate,
@@ -202,18 +202,21 @@ def numerical_query(clause: Clause) -> NumericalQuery | None:
 
 
 def numerical_queries(clause: Clause) -> list[NumericalQuery] | None:
-    """One query per conjunct of a top-level ``and``; None if any conjunct is not recognised."""
+    """One query per conjunct; None if any conjunct is not recognised.
+
+    Conjunctions split at the top level and under ``forall`` (forall distributes over and):
+    ``forall x in S: forall t: A and B`` gives the queries of ``forall x in S: forall t: A`` and
+    ``forall x in S: forall t: B``.
+    """
     if clause.klass != "certifiable":
         return None
-    parts: list[Expr] = []
 
-    def split(e: Expr) -> None:
+    def split(e: Expr) -> list[Expr]:
         if isinstance(e, BoolOp) and e.op == "and":
-            split(e.left)
-            split(e.right)
-        else:
-            parts.append(e)
+            return split(e.left) + split(e.right)
+        if isinstance(e, Quantifier) and e.kind == "forall":
+            return [replace(e, body=b) for b in split(e.body)]
+        return [e]
 
-    split(clause.expr)
-    out = [_query(p, clause.temperature) for p in parts]
+    out = [_query(p, clause.temperature) for p in split(clause.expr)]
     return None if any(q is None for q in out) else out  # type: ignore[return-value]

@@ -1,0 +1,275 @@
+"""The independent checker: re-verifies a certificate without the original run (DESIGN 4).
+
+It checks, and reports every failure as one line:
+1. the subject digests: the model (its bytes, or its canonical form for embedded certificates),
+   the contract's bytes, and each kernel spec's canonical JSON (from the contract);
+2. every node of every proof tree: the rule is registered and its application is valid
+   (kcverify.certs.rules), including every block certificate, re-run through ``recheck_block``;
+3. the chain: sequential nodes leave no tensor unproduced and, when the model's segmentation is
+   known, cover exactly its blocks with matching digests;
+4. every clause's verdict follows from its proof tree (proved), or carries its evidence
+   (refuted: a counterexample; passed/failed: measurements consistent with the threshold);
+5. when the contract can be loaded, the certificate lists exactly its clauses, with their
+   hardness.
+
+Imports stay light: numpy and the stdlib; onnx only for embedded certificates and the model's
+interface; torch and the bound engine only inside the default ``recheck_block``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kcverify.certs.attach import load_certificate, model_digest
+from kcverify.certs.encoding import unfx
+from kcverify.certs.records import BlockData, decode_block
+from kcverify.certs.rules import RULES, RuleContext
+from kcverify.certs.statement import (
+    DIGEST_FILE,
+    kernel_spec_digest,
+    sha256_file,
+)
+from kcverify.errors import CertificateError, InputFileError
+
+RecheckBlock = Callable[[BlockData], list[str]]
+_CMP = {"<=": lambda b, t: b <= t, "<": lambda b, t: b < t,
+        ">=": lambda b, t: b >= t, ">": lambda b, t: b > t}
+
+
+@dataclass
+class CheckReport:
+    """ok is True iff ``problems`` is empty; notes say what was not (or could not be) checked."""
+
+    ok: bool
+    problems: list[str]
+    notes: list[str] = field(default_factory=list)
+    statement: dict[str, Any] | None = None
+
+
+def _load_contract(contract_path: str | os.PathLike[str]) -> Any:
+    try:
+        from kcverify.dsl import load_contract
+    except ImportError:
+        return None
+    return load_contract(contract_path)
+
+
+def _segmentation(model_path: str | os.PathLike[str]) -> tuple[list[tuple[str, str]] | None,
+                                                               set[str] | None, str | None]:
+    try:
+        from kcverify.models.ir import load_onnx
+    except ImportError as e:  # pragma: no cover - ir ships with the package
+        return None, None, f"model interface not checked ({e})"
+    graph = load_onnx(model_path)
+    inputs = {v.name for v in graph.inputs if v.name not in graph.initializers}
+    try:
+        from kcverify.models.blocks import segment
+    except ImportError as e:
+        return None, inputs, f"block segmentation not compared ({e})"
+    return [(b.name, b.digest) for b in segment(graph)], inputs, None
+
+
+def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
+                      model_path: str | os.PathLike[str], contract_path: str | os.PathLike[str],
+                      *, recheck_block: RecheckBlock | None = None,
+                      kernel_specs: Mapping[str, Any] | None = None,
+                      contract: Any = None,
+                      expected_chain: list[tuple[str, str]] | None = None,
+                      graph_inputs: set[str] | None = None) -> CheckReport:
+    """Re-check a certificate against the model and contract files.
+
+    ``kernel_specs`` (name -> KernelSpec or canonical mapping) and ``contract`` default to what
+    kcverify.dsl.load_contract reads from ``contract_path``; ``expected_chain`` and
+    ``graph_inputs`` to the model's segmentation and inputs; ``recheck_block`` to the bound
+    engine's adapter (kcverify.certs.recheck). Missing or unreadable files raise InputFileError.
+    """
+    for p, what in ((model_path, "model"), (contract_path, "contract")):
+        if not Path(p).is_file():
+            raise InputFileError(f"{p}: no such {what} file")
+    problems: list[str] = []
+    notes: list[str] = []
+    try:
+        stmt = load_certificate(cert_or_path, model_path)
+    except CertificateError as e:
+        return CheckReport(False, [str(e)])
+    pred = stmt["predicate"]
+
+    # 1. digests
+    if contract is None and kernel_specs is None:
+        contract = _load_contract(contract_path)
+    if kernel_specs is None:
+        if contract is not None and hasattr(contract, "kernels"):
+            kernel_specs = dict(contract.kernels)
+        else:
+            problems.append("kernel specs not re-derived: kcverify.dsl.load_contract is not "
+                            "available and no kernel_specs were given")
+    for s in stmt["subject"]:
+        role, method = s["annotations"]["kcverify.role"], s["annotations"].get("kcverify.digest")
+        want = s["digest"]["sha256"]
+        if role == "model":
+            try:
+                have = model_digest(model_path, method or DIGEST_FILE)
+            except CertificateError as e:
+                problems.append(str(e))
+                continue
+            if have != want:
+                problems.append(f"model digest mismatch ({method}): the certificate is for "
+                                f"{want[:16]}…, {model_path} is {have[:16]}…")
+        elif role == "contract":
+            have = sha256_file(contract_path)
+            if have != want:
+                problems.append(f"contract digest mismatch: the certificate is for {want[:16]}…, "
+                                f"{contract_path} is {have[:16]}…")
+    if kernel_specs is not None:
+        stated = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]
+                  if s["annotations"]["kcverify.role"] == "kernel"}
+        actual = {f"kernel:{k}": kernel_spec_digest(v) for k, v in kernel_specs.items()}
+        for name in sorted(set(stated) | set(actual)):
+            if name not in actual:
+                problems.append(f"{name}: the certificate names a kernel spec the contract lacks")
+            elif name not in stated:
+                problems.append(f"{name}: the contract's kernel spec is not in the certificate")
+            elif stated[name] != actual[name]:
+                problems.append(f"{name}: kernel spec digest mismatch (the spec differs from the "
+                                "certified one)")
+
+    # 5. the contract's clauses
+    if contract is not None:
+        problems += _compare_contract(contract, pred)
+
+    # 2-4. proof trees
+    if expected_chain is None or graph_inputs is None:
+        try:
+            chain, inputs, why = _segmentation(model_path)
+        except Exception as e:  # noqa: BLE001 - a model the IR cannot load
+            chain, inputs, why = None, None, f"model not segmented ({e})"
+        if why and expected_chain is None:
+            notes.append(why)
+        expected_chain = expected_chain if expected_chain is not None else chain
+        graph_inputs = graph_inputs if graph_inputs is not None else inputs
+    if recheck_block is None and kernel_specs is not None:
+        from kcverify.certs.recheck import default_recheck
+
+        recheck_block, why = default_recheck(model_path, kernel_specs)
+        if why:
+            notes.append(f"blocks not re-run: {why}")
+    ctx = RuleContext(blocks={}, recheck_block=recheck_block, expected_chain=expected_chain,
+                      graph_inputs=graph_inputs)
+    for ref, raw in pred["blocks"].items():
+        ctx.blocks[ref] = decode_block(ref, raw)
+    used: set[str] = set()
+    for clause in pred["clauses"]:
+        problems += _check_clause(clause, ctx, used)
+    unused = sorted(set(ctx.blocks) - used)
+    if unused:
+        notes.append(f"block certificates not used by any proof: {unused}")
+    for c in pred["clauses"]:
+        if c["verdict"] == "refuted":
+            notes.append(f"clause {c['id']}: counterexample not replayed (stored evidence)")
+    return CheckReport(not problems, problems, notes, stmt)
+
+
+def _compare_contract(contract: Any, pred: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for key in ("name", "version"):
+        have = getattr(contract, key, None)
+        if have is not None and str(have) != pred["contract"][key]:
+            problems.append(f"contract {key}: the certificate says {pred['contract'][key]!r}, the "
+                            f"contract says {have!r}")
+    clauses = getattr(contract, "clauses", None)
+    if clauses is None:
+        return problems
+    in_cert = {c["id"]: c for c in pred["clauses"]}
+    ids = [getattr(c, "id", None) for c in clauses]
+    for cl, cid in zip(clauses, ids):
+        if cid not in in_cert:
+            problems.append(f"clause {cid}: in the contract, missing from the certificate")
+            continue
+        hard = getattr(cl, "hard", None)
+        if hard is not None and bool(hard) != in_cert[cid]["hard"]:
+            problems.append(f"clause {cid}: the certificate marks it hard={in_cert[cid]['hard']}, "
+                            f"the contract hard={bool(hard)}")
+    for cid in in_cert:
+        if cid not in ids:
+            problems.append(f"clause {cid}: in the certificate, not in the contract")
+    return problems
+
+
+def _check_tree(node: dict[str, Any], ctx: RuleContext, path: str, used: set[str]) -> list[str]:
+    problems = []
+    for i, p in enumerate(node["premises"]):
+        problems += _check_tree(p, ctx, f"{path}.premises[{i}]", used)
+    name = node["rule"]
+    if name == "block" and isinstance(node["params"].get("ref"), str):
+        used.add(node["params"]["ref"])
+    rule = RULES.get(name)
+    if rule is None:
+        return [*problems, f"{path}: unknown rule {name!r}; registered: {', '.join(sorted(RULES))}"]
+    try:
+        found = rule.check(node, ctx)
+    except CertificateError as e:
+        found = [str(e)]
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        found = [f"malformed application ({type(e).__name__}: {e})"]
+    return problems + [f"{path} ({name}): {p}" for p in found]
+
+
+def _check_clause(c: dict[str, Any], ctx: RuleContext, used: set[str]) -> list[str]:
+    where = f"clause {c['id']}"
+    problems: list[str] = []
+    proof = c.get("proof")
+    if proof is not None:
+        problems += _check_tree(proof, ctx, f"{where}: proof", used)
+    verdict = c["verdict"]
+    thr = None if c.get("threshold") is None else unfx(c["threshold"])
+    bound = None if c.get("bound") is None else unfx(c["bound"])
+    op = c.get("op") or "<="
+    root = proof.get("conclusion", {}) if proof else {}
+    if verdict == "proved":
+        if proof is None:
+            return [*problems, f"{where}: verdict 'proved' without a proof tree"]
+        if root.get("holds") is not True:
+            return [*problems, f"{where}: the proof's conclusion does not state that the clause holds"]
+        if thr is None or root.get("threshold") is None or unfx(root["threshold"]) != thr:
+            problems.append(f"{where}: the proof's threshold {root.get('threshold')!r} is not the "
+                            f"clause's {c.get('threshold')!r}")
+        if root.get("op") != op:
+            problems.append(f"{where}: the proof compares with {root.get('op')!r}, the clause with {op!r}")
+        if c.get("quantity") is not None and root.get("quantity") != c["quantity"]:
+            problems.append(f"{where}: the proof bounds {root.get('quantity')!r}, the clause is about "
+                            f"{c['quantity']!r}")
+        if bound is None:
+            problems.append(f"{where}: a proved clause needs its certified bound")
+        else:
+            proof_bound = unfx(root["bound"][0]) if isinstance(root.get("bound"), list) else None
+            upper = op in ("<=", "<")
+            if proof_bound is None or (bound < proof_bound if upper else bound > proof_bound):
+                problems.append(f"{where}: bound {bound!r} is tighter than the proof gives "
+                                f"({proof_bound!r})")
+            if thr is not None and not _CMP[op](bound, thr):
+                problems.append(f"{where}: bound {bound!r} {op} threshold {thr!r} is false")
+    elif verdict == "refuted":
+        if not c["evidence"].get("counterexample"):
+            problems.append(f"{where}: verdict 'refuted' without a counterexample in its evidence")
+        if root.get("holds") is True:
+            problems.append(f"{where}: refuted, yet its proof tree concludes that it holds")
+        if bound is not None and thr is not None and _CMP[op](bound, thr):
+            problems.append(f"{where}: refuted, yet the observed value {bound!r} {op} {thr!r}")
+    elif verdict in ("passed", "failed"):
+        ev = c["evidence"]
+        if not ev:
+            problems.append(f"{where}: verdict {verdict!r} without evidence")
+        observed = ev.get("observed", c.get("bound"))
+        if observed is not None and thr is not None:
+            holds = _CMP[op](unfx(observed, f"{where}: evidence.observed"), thr)
+            if holds != (verdict == "passed"):
+                problems.append(f"{where}: verdict {verdict!r} contradicts the observed value "
+                                f"{unfx(observed)!r} {op} {thr!r}")
+    elif verdict == "unknown" and root.get("holds") is True:
+        problems.append(f"{where}: 'unknown', yet its proof tree concludes that it holds")
+    return problems
+

@@ -1,0 +1,87 @@
+"""The bound engine's adapter for the checker: re-run a block's bound method on its stored
+in_state and require the recomputed out_state ⊆ the stored one.
+
+Imports torch, the executor and kcverify.bounds lazily: only re-checking a block needs them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from kcverify.certs.records import BOX_FIELDS, BlockData, StoredBox
+from kcverify.errors import KcverifyError
+
+RecheckBlock = Callable[[BlockData], list[str]]
+
+
+def to_diffbox(box: StoredBox, diffbox_cls: Any) -> Any:
+    """A StoredBox as the bound engine's DiffBox (``from_numpy`` if it has one, else keywords)."""
+    arrays = {f: getattr(box, f) for f in BOX_FIELDS}
+    if hasattr(diffbox_cls, "from_numpy"):
+        return diffbox_cls.from_numpy(**arrays)
+    try:
+        return diffbox_cls(**arrays)
+    except TypeError:
+        import torch
+
+        return diffbox_cls(**{f: torch.from_numpy(np.ascontiguousarray(a)) for f, a in arrays.items()})
+
+
+def excess(stored: StoredBox, got: Any) -> float:
+    """How far ``got`` sticks out of ``stored`` (0 when contained; inf on a shape mismatch)."""
+    worst = 0.0
+    for f in BOX_FIELDS:
+        a = getattr(stored, f)
+        b = getattr(got, f)
+        b = b.detach().cpu().double().numpy() if hasattr(b, "detach") else np.asarray(b, np.float64)
+        if a.shape != b.shape:
+            return float("inf")
+        d = (a - b) if f.endswith("_lo") else (b - a)
+        worst = max(worst, float(np.max(d, initial=0.0)))
+    return worst
+
+
+def recheck_with(bound_block: Callable[..., Mapping[str, Any]], blocks_by_digest: Mapping[str, Any],
+                 train_spec: Any, inf_spec: Any, diffbox_cls: Any) -> RecheckBlock:
+    """A recheck hook from explicit parts: ``bound_block(block, train, inf, in_state, domain)``."""
+
+    def recheck(record: BlockData) -> list[str]:
+        block = blocks_by_digest.get(record.digest)
+        if block is None:
+            return [f"digest {record.digest[:12]}… is not a block of this model"]
+        in_state = {t: to_diffbox(b, diffbox_cls) for t, b in record.in_state.items()}
+        domain = record.extra.get("domain", record.method)
+        try:
+            out = bound_block(block, train_spec, inf_spec, in_state, domain)
+        except KcverifyError as e:
+            return [f"re-running {domain!r} failed: {e}"]
+        problems = []
+        for t, stored in record.out_state.items():
+            if t not in out:
+                problems.append(f"re-running {domain!r} gives no bound for {t!r}")
+                continue
+            if not stored.contains(out[t]):
+                problems.append(f"re-running {domain!r}: the recomputed out_state of {t!r} is not "
+                                f"inside the stored one (sticks out by {excess(stored, out[t])!r})")
+        return problems
+
+    return recheck
+
+
+def default_recheck(model_path: str | os.PathLike[str], kernel_specs: Mapping[str, Any]
+                    ) -> tuple[RecheckBlock | None, str | None]:
+    """The real bound engine's hook for this model, or (None, why not)."""
+    try:
+        from kcverify.bounds import DiffBox, bound_block
+        from kcverify.models.blocks import segment
+        from kcverify.models.ir import load_onnx
+    except ImportError as e:
+        return None, f"the bound engine is not available ({e})"
+    if "train" not in kernel_specs or "inf" not in kernel_specs:
+        return None, "the contract does not name kernels 'train' and 'inf'"
+    blocks = {b.digest: b for b in segment(load_onnx(model_path))}
+    return recheck_with(bound_block, blocks, kernel_specs["train"], kernel_specs["inf"], DiffBox), None

@@ -318,3 +318,24 @@ def pad(ctx: OpContext, x: torch.Tensor, pads: torch.Tensor, value: torch.Tensor
         fill = float(value.item()) if value is not None and value.numel() else 0.0
         return F.pad(x, flat, mode="constant", value=fill)
     return F.pad(x, flat, mode=torch_mode)
+
+
+@register_op("GatherND", since_opset=11)
+def gather_nd(ctx: OpContext, x: torch.Tensor, indices: torch.Tensor, *,
+              batch_dims: int = 0) -> torch.Tensor:
+    """out[i..., j...] = x[i..., indices[i..., :]...] over the ``batch_dims`` leading axes."""
+    b = batch_dims
+    m = indices.shape[-1]
+    batch = tuple(x.shape[:b])
+    nb = math.prod(batch)
+    picked = tuple(x.shape[b:b + m])
+    rest = tuple(x.shape[b + m:])
+    idx = indices.to(torch.int64).reshape(nb, -1, m)
+    dims = torch.tensor(picked, dtype=torch.int64, device=x.device)
+    idx = torch.where(idx < 0, idx + dims, idx)
+    strides = [math.prod(picked[k + 1:]) for k in range(m)]
+    lin = (idx * torch.tensor(strides, dtype=torch.int64, device=x.device)).sum(-1)
+    flat = x.reshape((nb, math.prod(picked)) + rest)
+    rows = torch.arange(nb, device=x.device).unsqueeze(1)
+    out = flat[rows, lin]
+    return out.reshape(tuple(indices.shape[:-1]) + rest)

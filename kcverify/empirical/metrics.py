@@ -79,13 +79,15 @@ class MetricInputs:
         return 1 if self.peak_memory_mb is not None else 0
 
     def take(self, idx: np.ndarray) -> MetricInputs:
-        """The inputs restricted to units ``idx`` (resampling for the bootstrap)."""
+        """The inputs restricted to units ``idx`` (inputs when logits are given, else timed calls)."""
         return replace(
             self,
             logits_train=None if self.logits_train is None else self.logits_train[idx],
             logits_inf=None if self.logits_inf is None else self.logits_inf[idx],
             labels=None if self.labels is None else np.asarray(self.labels)[idx],
-            latencies_ms=None if self.latencies_ms is None else np.asarray(self.latencies_ms)[idx],
+            latencies_ms=(np.asarray(self.latencies_ms)[idx]
+                          if self.latencies_ms is not None and self.logits_train is None
+                          else self.latencies_ms),
         )
 
     # -- shared intermediate quantities, each [n, m, V] or [n, m] -------------------------------

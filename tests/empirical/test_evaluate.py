@@ -1,0 +1,153 @@
+"""Deciding statistical and runtime clauses; running both kernels on the shipped example."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kcverify.empirical.escalation import escalate
+from kcverify.empirical.evaluate import (
+    evaluate_clause,
+    evaluate_metric,
+    min_sample_size,
+    slice_inputs,
+)
+from kcverify.empirical.metrics import MetricInputs
+from kcverify.empirical.runtime import RuntimeSample
+from kcverify.report.model import Report, Verdict
+
+
+@dataclass(frozen=True)
+class FakeClause:
+    id: str
+    family: str
+    metric: str
+    threshold: float
+    budget: float | None
+    level: str = "L2"
+    action: str = "guard"
+    slices: tuple[str, ...] = ("all",)
+    temperature: float = 1.0
+
+
+def classifier(n: int, flips: int, seed: int = 0) -> MetricInputs:
+    """n inputs, 1 position, 4 classes; the inference kernel flips the top-1 of ``flips`` inputs."""
+    rng = np.random.default_rng(seed)
+    zt = rng.normal(size=(n, 4))
+    zi = zt + rng.normal(scale=1e-3, size=zt.shape)
+    top = np.argmax(zt, axis=1)
+    for i in range(flips):
+        zi[i, (top[i] + 1) % 4] = zt[i].max() + 1.0
+    return MetricInputs(zt, zi)
+
+
+def test_min_sample_size() -> None:
+    assert min_sample_size(0.05, 0.95) == 59  # 1 - 0.05^(1/59) <= 0.05 < 1 - 0.05^(1/58)
+    assert 1 - 0.05 ** (1 / 59) <= 0.05 < 1 - 0.05 ** (1 / 58)
+
+
+def test_soft_top1_three_outcomes() -> None:
+    ok = evaluate_metric("top1_overlap", 0.99, classifier(400, 0), budget=0.02)
+    assert ok.decision.outcome == "passed" and ok.decision.violations == 0 and ok.value == 1.0
+    bad = evaluate_metric("top1_overlap", 0.99, classifier(400, 40), budget=0.02)
+    assert bad.decision.outcome == "failed" and bad.decision.violations == 40
+    assert bad.value == pytest.approx(0.9)
+    few = evaluate_metric("top1_overlap", 0.99, classifier(20, 0), budget=0.05)
+    assert few.decision.outcome == "unknown" and "59 inputs would decide it" in few.decision.note
+
+
+def test_hard_clause_fails_on_one_violation() -> None:
+    o = evaluate_metric("top1_overlap", 0.99, classifier(400, 1), budget=None)
+    assert o.decision.outcome == "failed" and o.decision.violations == 1
+
+
+def test_per_input_units_for_sequences() -> None:
+    # 3 inputs x 2 positions; input 1 has one flipped position -> its overlap 0.5 < 0.9
+    zt = np.tile(np.array([3.0, 2.0, 1.0]), (3, 2, 1))
+    zi = zt.copy()
+    zi[1, 0] = [0.0, 2.0, 1.0]
+    o = evaluate_metric("top1_overlap", 0.9, MetricInputs(zt, zi))
+    assert o.per_unit.tolist() == [1.0, 0.5, 1.0] and o.decision.violations == 1
+    assert o.value == pytest.approx(5 / 6)
+
+
+def test_alpha_reading_of_budget() -> None:
+    x = classifier(200, 0)
+    o = evaluate_metric("mean_kl", 1e-3, x, budget=0.05, budget_means="alpha")
+    assert o.decision.method == "bootstrap" and o.decision.confidence == pytest.approx(0.95)
+    assert o.decision.outcome == "passed"
+
+
+def test_ece_gap_bootstrap() -> None:
+    rng = np.random.default_rng(2)
+    zt = rng.normal(scale=3.0, size=(300, 5))
+    y = np.argmax(zt + rng.normal(scale=2.0, size=zt.shape), axis=1)
+    x = MetricInputs(zt, zt * 0.1, labels=y)  # inference kernel much less confident
+    gap = evaluate_metric("ece_gap", 0.01, x)
+    assert gap.decision.outcome == "failed" and gap.value > 0.05
+    assert evaluate_metric("ece_gap", 0.9, x).decision.outcome == "passed"
+
+
+def test_runtime_percentile_and_memory() -> None:
+    lat = np.concatenate([np.full(190, 10.0), np.full(10, 100.0)])  # 5% slow calls
+    x = MetricInputs(latencies_ms=lat, peak_memory_mb=500.0)
+    assert evaluate_metric("p95_latency_ms", 200.0, x).decision.outcome == "passed"
+    assert evaluate_metric("p95_latency_ms", 5.0, x).decision.outcome == "failed"
+    mid = evaluate_metric("p95_latency_ms", 50.0, x)  # exactly 5% over: inconclusive
+    assert mid.decision.outcome == "unknown" and mid.decision.n == 200
+    assert mid.decision.budget == pytest.approx(0.05)
+    mem = evaluate_metric("peak_memory_mb", 400.0, x)
+    assert mem.decision.outcome == "failed" and mem.decision.method == "measured"
+
+
+def test_evaluate_clause_over_slices_and_escalation() -> None:
+    inputs = {"all": classifier(400, 40), "safety": classifier(100, 0, seed=1)}
+    c = FakeClause("S-1", "statistical", "top1_overlap", 0.99, 0.02, slices=("all", "safety", "gone"))
+    r = evaluate_clause(c, inputs)
+    assert r.verdict is Verdict.FAILED and r.sample_size == 500 and r.violations == 40
+    assert [s.slice for s in r.slices] == ["all", "safety", "gone"]
+    assert r.slices[1].verdict is Verdict.UNKNOWN  # 100 inputs cannot show <= 2%
+    assert r.slices[2].note == "no data for this slice"
+    assert r.value == pytest.approx(0.9) and r.confidence == 0.95
+    rep = escalate(Report("c.yaml", "m.onnx", [r]))
+    assert rep.exit_code == 1 and rep.action == "guard" and rep.clauses[0].action_taken == "guard"
+
+
+def test_evaluate_clause_runtime_from_sample() -> None:
+    sample = RuntimeSample(np.full(60, 3.0), 100.0, 50.0, "cpu", 1, 60, "test")
+    x = slice_inputs(np.zeros((2, 3)), np.zeros((2, 3)), runtime=sample)
+    r = evaluate_clause(FakeClause("R-1", "runtime", "p95_latency_ms", 40.0, None, "L1", "log"),
+                        {"all": x})
+    assert r.verdict is Verdict.PASSED and r.sample_size == 60 and r.value == 3.0
+    few = slice_inputs(np.zeros((2, 3)), np.zeros((2, 3)), runtime=RuntimeSample(
+        np.full(50, 3.0), 100.0, 50.0, "cpu", 1, 50, "test"))  # 50 calls cannot show <= 5%
+    r = evaluate_clause(FakeClause("R-1", "runtime", "p95_latency_ms", 40.0, None), {"all": few})
+    assert r.verdict is Verdict.UNKNOWN and "59 calls would decide it" in r.note
+
+
+def test_run_both_kernels_on_shipped_example(root: Path) -> None:
+    pytest.importorskip("kcverify.kernels.realize")
+    from kcverify.dsl import load_contract
+    from kcverify.empirical.evaluate import measure_kernel_runtime, run_both_kernels
+    from kcverify.empirical.slices import load_slice
+    from kcverify.models.ir import load_onnx
+
+    path = root / "examples" / "contracts" / "fp8-deploy.yaml"
+    if not path.exists():
+        pytest.skip("no fp8 example contract")
+    contract = load_contract(path)
+    graph = load_onnx(contract.resolve(contract.model.onnx))
+    data = load_slice(contract.slices["safety"], base_dir=path.parent)
+    feeds = data.feeds([v.name for v in graph.inputs])
+    zt, zi = run_both_kernels(graph, contract.kernels["train"], contract.kernels["inf"], feeds)
+    assert zt.shape == zi.shape and zt.shape[0] == data.n and zt.dtype == np.float64
+    drift = np.abs(zi - zt).max()
+    assert 0 < drift < 10  # fp8 drifts, but not wildly
+    rt = measure_kernel_runtime(graph, contract.kernels["inf"], feeds, warmup=1, repeats=1)
+    assert rt.n == data.n and rt.peak_memory_mb > 0
+    clause = contract.clause("S-FP8-1")
+    r = evaluate_clause(clause, {"safety": slice_inputs(zt, zi, runtime=rt)})
+    assert r.sample_size == data.n and r.slices[0].note == "no data for this slice"

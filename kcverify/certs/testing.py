@@ -18,6 +18,7 @@ import numpy as np
 
 from kcverify.certs.recheck import recheck_with
 from kcverify.certs.records import BlockData
+from kcverify.certs.rules import RuleError
 from kcverify.certs.statement import CertificateBuilder
 
 CONTRACT_TEXT = """\
@@ -167,27 +168,27 @@ def example_certificate(tmp: Path, engine: FakeEngine | None = None, seed: int =
     refs = [b.add_block(r) for r in engine.certify(x)]
     chain = b.sequential(refs, {"x": FakeBox.point(x)}, ["logits"])
     linf = b.apply("linf-from-state", [chain], tensor="logits")
-    thr = b.apply("threshold", [linf], threshold=0.5, op="<=")
-    b.add_clause("N-1", "numerical", "proved", threshold=0.5, method="fake-affine", proof=thr)
-    p99 = b.apply("aggregate", [b.apply("logprob-from-linf", [linf], temperature=1.0)], stat="p99")
-    b.add_clause("N-LP", "numerical", "proved", threshold=1.0, method="fake-affine",
-                 proof=b.apply("threshold", [p99], threshold=1.0))
-    ratio = b.apply("ratio-from-linf", [linf], temperature=1.0)
-    b.add_clause("N-RLHF-1", "numerical", "proved", threshold=0.2, method="fake-affine",
-                 proof=b.apply("threshold", [ratio], threshold=0.2))
+
+    def prove(cid: str, node: dict[str, Any], tau: float, op: str = "<=", hard: bool = True) -> None:
+        try:
+            proof = b.apply("threshold", [node], threshold=tau, op=op)
+        except RuleError:
+            b.add_clause(cid, "numerical", "unknown", threshold=tau, op=op, hard=hard,
+                         method="fake-affine")
+            return
+        b.add_clause(cid, "numerical", "proved", threshold=tau, method="fake-affine", hard=hard,
+                     proof=proof)
+
+    prove("N-1", linf, 0.5)
+    prove("N-LP", b.apply("aggregate", [b.apply("logprob-from-linf", [linf], temperature=1.0)],
+                          stat="p99"), 1.0)
+    prove("N-RLHF-1", b.apply("ratio-from-linf", [linf], temperature=1.0), 0.2)
     tv = b.apply("tv-from-linf", [linf], temperature=1.0)
-    b.add_clause("N-TV", "numerical", "proved", threshold=0.05, method="fake-affine",
-                 proof=b.apply("threshold", [tv], threshold=0.05))
-    kl = b.apply("kl-from-linf", [linf], temperature=1.0)
-    b.add_clause("N-KL", "numerical", "proved", threshold=0.01, method="fake-affine",
-                 proof=b.apply("threshold", [kl], threshold=0.01))
-    rew = b.apply("reward-from-tv", [tv], reward_bound=1.0)
-    b.add_clause("N-R", "numerical", "proved", threshold=0.1, method="fake-affine", hard=False,
-                 proof=b.apply("threshold", [rew], threshold=0.1))
+    prove("N-TV", tv, 0.05)
+    prove("N-KL", b.apply("kl-from-linf", [linf], temperature=1.0), 0.01)
+    prove("N-R", b.apply("reward-from-tv", [tv], reward_bound=1.0), 0.1, hard=False)
     top1 = b.apply("aggregate", [b.apply("top1-from-margin", [linf, chain])], stat="mean")
-    agree = float.fromhex(top1["conclusion"]["bounds"][0])
-    b.add_clause("S-TOP1", "numerical", "proved", threshold=agree, op=">=", method="fake-affine",
-                 proof=b.apply("threshold", [top1], threshold=agree, op=">="))
+    prove("S-TOP1", top1, float.fromhex(top1["conclusion"]["bounds"][0]), ">=")
     b.add_clause("S-1", "statistical", "passed", klass="empirical", threshold=0.99, op=">=",
                  method="sampling", evidence={"observed": 1.0, "n": 200, "confidence": 0.99})
     return model, contract, specs, b.build()

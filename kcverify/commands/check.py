@@ -1,16 +1,37 @@
-"""`kcverify check` (not implemented yet)."""
+"""`kcverify check CERT MODEL CONTRACT`: re-check a certificate independently of the run that made
+it. Exit 0 when it checks, 1 when it does not (each problem printed), 2 for bad input.
+
+CERT may be the sidecar JSON, or the ONNX model itself when the certificate is embedded in it.
+"""
 
 from __future__ import annotations
 
 import argparse
-
-from kcverify.errors import KcverifyError
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help="(not implemented yet)")
+    p = sub.add_parser("check", help="re-check a certificate against its model and contract",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("cert", help="certificate (MODEL.kcert.json), or an ONNX file that embeds one")
+    p.add_argument("model", help="the ONNX model")
+    p.add_argument("contract", help="the contract (YAML)")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print notes")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise KcverifyError("'kcverify check' is not implemented yet")
+    from kcverify.certs.checker import check_certificate
+
+    report = check_certificate(args.cert, args.model, args.contract)
+    if args.verbose or not report.ok:
+        for note in report.notes:
+            print(f"note: {note}")
+    if report.ok:
+        n = len(report.statement["predicate"]["clauses"]) if report.statement else 0
+        print(f"ok: certificate checks ({n} clauses)")
+        return 0
+    for p in report.problems:
+        print(f"FAIL: {p}")
+    print(f"certificate does not check: {len(report.problems)} problem(s)", file=sys.stderr)
+    return 1

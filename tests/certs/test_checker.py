@@ -1,0 +1,164 @@
+"""The checker accepts an honest certificate and rejects each kind of tampering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kcverify.certs.checker import CheckReport, check_certificate
+from kcverify.certs.encoding import decode_array, encode_array, fx, unfx
+from kcverify.certs.testing import FakeEngine, example_certificate
+from kcverify.kernels.spec import parse_kernel_spec
+
+
+def check(example: Any, engine: FakeEngine, stmt: dict[str, Any] | None = None,
+          **kw: Any) -> CheckReport:
+    model, contract, specs, st = example
+    kw.setdefault("kernel_specs", specs)
+    kw.setdefault("recheck_block", engine.recheck)
+    kw.setdefault("expected_chain", engine.chain)
+    return check_certificate(stmt if stmt is not None else st, model, contract, **kw)
+
+
+def rejected(report: CheckReport, *fragments: str) -> None:
+    assert not report.ok
+    text = "\n".join(report.problems)
+    for f in fragments:
+        assert f in text, text
+
+
+def clause(stmt: dict[str, Any], cid: str) -> dict[str, Any]:
+    return next(c for c in stmt["predicate"]["clauses"] if c["id"] == cid)
+
+
+def test_honest_certificate_checks(example: Any, engine: FakeEngine) -> None:
+    report = check(example, engine)
+    assert report.ok, report.problems
+    assert report.problems == []
+
+
+def test_changed_model_byte(example: Any, engine: FakeEngine) -> None:
+    model = example[0]
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    model.write_bytes(bytes(data))
+    rejected(check(example, engine), "model digest mismatch")
+
+
+def test_different_contract(example: Any, engine: FakeEngine) -> None:
+    contract = example[1]
+    contract.write_text(contract.read_text().replace("<= 0.5", "<= 0.6"))
+    rejected(check(example, engine), "contract digest mismatch")
+
+
+def test_different_kernel_spec(example: Any, engine: FakeEngine) -> None:
+    specs = dict(example[2])
+    specs["inf"] = parse_kernel_spec("inf", {"compute": "bf16", "accumulate": "bf16"})
+    rejected(check(example, engine, kernel_specs=specs), "kernel:inf: kernel spec digest mismatch")
+    specs.pop("inf")
+    rejected(check(example, engine, kernel_specs=specs), "kernel:inf: the certificate names")
+
+
+def test_edited_clause_bound(example: Any, engine: FakeEngine) -> None:
+    st = example[3]
+    c = clause(st, "N-1")
+    c["bound"] = fx(unfx(c["bound"]) / 2)
+    rejected(check(example, engine, st), "clause N-1: bound", "tighter than the proof gives")
+
+
+def test_edited_bound_inside_the_proof(example: Any, engine: FakeEngine) -> None:
+    st = example[3]
+    linf = clause(st, "N-RLHF-1")["proof"]["premises"][0]["premises"][0]
+    assert linf["rule"] == "linf-from-state"
+    linf["conclusion"]["bounds"] = [fx(unfx(b) / 10) for b in linf["conclusion"]["bounds"]]
+    rejected(check(example, engine, st), "(linf-from-state): conclusion.bounds[0]",
+             "tighter than justified")
+
+
+def _scale_drift(st: dict[str, Any], ref: str, tensor: str, factor: float) -> None:
+    box = st["predicate"]["blocks"][ref]["out_state"][tensor]
+    for f in ("drift_lo", "drift_hi"):
+        box[f] = encode_array(decode_array(box[f]) * factor)
+
+
+def test_edited_block_out_state(example: Any, engine: FakeEngine) -> None:
+    st = example[3]
+    _scale_drift(st, "1:b1", "logits", 0.5)  # consistently re-encoded, tighter than the method
+    rejected(check(example, engine, st), "block 'b1' (1:b1)", "not inside the stored one")
+
+
+def test_loosened_block_out_state_breaks_the_derived_bounds(example: Any, engine: FakeEngine) -> None:
+    st = example[3]
+    _scale_drift(st, "1:b1", "logits", 2.0)  # still a valid block certificate ...
+    rejected(check(example, engine, st), "(linf-from-state)")  # ... but the bounds above now lie
+
+
+def test_removed_block_from_the_chain(example: Any, engine: FakeEngine) -> None:
+    st = example[3]
+    seq = clause(st, "N-1")["proof"]["premises"][0]["premises"][0]
+    assert seq["rule"] == "sequential"
+    del seq["premises"][0]
+    rejected(check(example, engine, st), "assumes tensor 'h', which no earlier block produces")
+
+
+def test_removed_block_record(example: Any, engine: FakeEngine) -> None:
+    st = example[3]
+    del st["predicate"]["blocks"]["0:b0"]
+    rejected(check(example, engine, st), "block '0:b0' is not in predicate.blocks")
+
+
+def test_chain_must_match_the_segmentation(example: Any, engine: FakeEngine) -> None:
+    other = FakeEngine(seed=5)
+    rejected(check(example, engine, expected_chain=other.chain), "is not the model's segmentation")
+
+
+def test_threshold_outside_its_precondition(example: Any, engine: FakeEngine) -> None:
+    st = example[3]
+    c = clause(st, "N-1")
+    tiny = fx(1e-6)
+    c["threshold"] = tiny
+    c["proof"]["params"]["threshold"] = tiny
+    c["proof"]["conclusion"]["threshold"] = tiny
+    rejected(check(example, engine, st), "threshold applied outside its precondition")
+
+
+def test_top1_outside_its_precondition(tmp_path: Path) -> None:
+    engine = FakeEngine(eps=0.5)  # drift so large that no margin exceeds 2δ
+    ex = example_certificate(tmp_path, engine)
+    st = ex[3]
+    c = clause(st, "S-TOP1")
+    agree = c["proof"]["premises"][0]["premises"][0]
+    assert agree["rule"] == "top1-from-margin"
+    assert all(unfx(b) == 0.0 for b in agree["conclusion"]["bounds"])
+    assert check(ex, engine).ok
+    agree["conclusion"]["bounds"] = [fx(1.0)] * len(agree["conclusion"]["bounds"])
+    rejected(check(ex, engine, st), "top1-from-margin applied outside its precondition")
+
+
+def test_unknown_rule_and_missing_recheck(example: Any, engine: FakeEngine) -> None:
+    st = example[3]
+    clause(st, "N-TV")["proof"]["rule"] = "wishful-thinking"
+    rejected(check(example, engine, st), "unknown rule 'wishful-thinking'")
+    rejected(check(example, engine, recheck_block=None, kernel_specs={"train": example[2]["train"]}),
+             "not re-checked")
+
+
+def test_verdicts_must_follow(example: Any, engine: FakeEngine) -> None:
+    st = example[3]
+    clause(st, "N-KL")["threshold"] = fx(0.5)  # the proof is for 0.01
+    clause(st, "S-1")["evidence"]["observed"] = fx(0.5)  # passed, yet 0.5 >= 0.99 is false
+    clause(st, "N-R")["verdict"] = "unknown"  # unknown, yet proved
+    c = clause(st, "N-TV")
+    c["verdict"], c["proof"] = "proved", None
+    rejected(check(example, engine, st), "clause N-KL: the proof's threshold",
+             "clause S-1: verdict 'passed' contradicts", "clause N-R: 'unknown', yet",
+             "clause N-TV: verdict 'proved' without a proof tree")
+
+
+def test_stored_state_arrays_are_exact(example: Any) -> None:
+    st = example[3]
+    box = st["predicate"]["blocks"]["0:b0"]["in_state"]["x"]
+    x = decode_array(box["train_lo"])
+    assert np.array_equal(x, decode_array(box["inf_hi"]))

@@ -1,0 +1,86 @@
+"""The example rule of docs/rules.md, registered from a test file and verified by the checker.
+
+Keep this file and the docs' example identical in substance.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kcverify.certs import Rule, RuleContext, RuleError, register_rule
+from kcverify.certs.checker import check_certificate
+from kcverify.certs.encoding import fx, unfx, up
+from kcverify.certs.rules import unregister_rule
+from kcverify.certs.statement import CertificateBuilder
+from kcverify.certs.testing import FakeBox, FakeEngine
+
+
+class L2FromLinf(Rule):
+    """‖z_inf(x_i) − z_train(x_i)‖₂ ≤ √n · δ_i, n = the number of entries per input.
+
+    Premises: [linf_drift of tensor t, the state holding t] (the state fixes n, so a certificate
+    cannot claim a smaller n). √n and the product are rounded upward.
+    """
+
+    def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
+                 ctx: RuleContext) -> dict[str, Any]:
+        if len(premises) != 2:
+            raise RuleError("l2-from-linf takes [linf_drift, state]")
+        linf, state = premises
+        if linf.get("quantity") != "linf_drift" or state.get("kind") != "state":
+            raise RuleError("l2-from-linf takes [linf_drift, state]")
+        t = linf["tensor"]
+        box = ctx.box(state["outputs"][t], t)
+        n = math.prod(box.shape[1:])
+        root = math.sqrt(n)  # correctly rounded; step up if below the exact root
+        if Fraction(root) ** 2 < n:
+            root = math.nextafter(root, math.inf)
+        bounds = [up(Fraction(root) * Fraction(unfx(d))) for d in linf["bounds"]]
+        return {"quantity": "l2_drift", "direction": "upper", "tensor": t,
+                "bounds": [fx(b) for b in bounds]}
+
+
+@pytest.fixture()
+def l2_rule() -> Any:
+    register_rule("l2-from-linf")(L2FromLinf)
+    yield
+    unregister_rule("l2-from-linf")
+
+
+def test_example_rule_is_used_and_checked(l2_rule: Any, example: Any, engine: FakeEngine) -> None:
+    model, contract, specs, _ = example
+    x = np.random.default_rng(3).uniform(-1, 1, size=(4, engine.n_in))
+    b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"})
+    refs = [b.add_block(r) for r in engine.certify(x)]
+    chain = b.sequential(refs, {"x": FakeBox.point(x)}, ["logits"])
+    linf = b.apply("linf-from-state", [chain], tensor="logits")
+    l2 = b.apply("l2-from-linf", [linf, chain])
+    b.add_clause("N-L2", "numerical", "proved", threshold=0.1, method="fake-affine",
+                 proof=b.apply("threshold", [l2], threshold=0.1))
+    stmt = b.build()
+    kw = {"kernel_specs": specs, "recheck_block": engine.recheck, "expected_chain": engine.chain}
+    assert check_certificate(stmt, model, contract, **kw).ok
+    l2["conclusion"]["bounds"][0] = fx(unfx(linf["conclusion"]["bounds"][0]))  # claims n = 1
+    report = check_certificate(stmt, model, contract, **kw)
+    assert not report.ok and "(l2-from-linf): conclusion.bounds[0]" in report.problems[0]
+
+
+def test_example_rule_is_sound_on_samples(l2_rule: Any) -> None:
+    from kcverify.certs.records import BlockData, StoredBox
+    from kcverify.certs.rules import get_rule
+
+    rng = np.random.default_rng(0)
+    z = np.zeros((1, 7, 3))
+    ctx = RuleContext(blocks={"r": BlockData("r", "b", "0" * 64, "m", {}, {"t": StoredBox(*[z] * 6)})})
+    delta = 0.25
+    c = get_rule("l2-from-linf").conclude(
+        [{"quantity": "linf_drift", "direction": "upper", "tensor": "t", "bounds": [fx(delta)]},
+         {"kind": "state", "outputs": {"t": "r"}}], {}, ctx)
+    d = rng.uniform(-delta, delta, size=(1000, 21))
+    d[0] = delta  # the worst case
+    assert np.linalg.norm(d, axis=1).max() <= unfx(c["bounds"][0])

@@ -193,11 +193,19 @@ def number(value: float) -> Expr:
 
 
 def number_value(e: Expr) -> float | None:
-    """The value of a number literal or a negated one, else None."""
+    """The value of a constant: numbers combined by unary -, + - * / (e.g. ``2 * 0.05 / 0.7``);
+    None if e is not constant or does not evaluate to a finite number."""
     if isinstance(e, Num):
         return e.value
-    if isinstance(e, Neg) and isinstance(e.operand, Num):
-        return -e.operand.value
+    if isinstance(e, Neg):
+        v = number_value(e.operand)
+        return None if v is None else -v
+    if isinstance(e, BinOp):
+        a, b = number_value(e.left), number_value(e.right)
+        if a is None or b is None or (e.op == "/" and b == 0):
+            return None
+        v = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else 0.0}[e.op]
+        return v if math.isfinite(v) else None
     return None
 
 

@@ -102,8 +102,10 @@ class _Loader:
         return float(value)
 
     def string(self, value: Any, path: Path_, what: str) -> str:
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(f"{what} must be a non-empty string, got {_kind(value)}", path)
+        if not isinstance(value, str):
+            raise self.fail(f"{what} must be a string, got {_kind(value)}", path)
+        if not value.strip():
+            raise self.fail(f"{what} must not be empty", path)
         return value
 
     def choice(self, value: Any, path: Path_, what: str, options: tuple[str, ...]) -> str:

@@ -165,7 +165,8 @@ _TERMINALS = {
     "IMPLIES": "'implies'", "FORALL": "'forall'", "EXISTS": "'exists'", "$END": "the end",
 }
 
-# Known mistakes, recognised by the parser state they fail in (Lark's match_examples).
+# Known mistakes, recognised by the parser state and token they fail on (the idea of Lark's
+# match_examples, matched on the LALR state alone: see _example_states).
 _EXAMPLES: dict[str, list[str]] = {
     "missing ':' after the quantifier's variables; write 'forall x in SLICE: CONDITION'": [
         "forall x in all linf(x) <= 1", "forall t abs(t) <= 1", "exists x in all, t f(x) < 1",
@@ -185,6 +186,25 @@ _EXAMPLES: dict[str, list[str]] = {
         "forall 1: a", "forall f(x): a", "forall (x): a", "exists 1: a",
     ],
 }
+
+
+@lru_cache(maxsize=1)
+def _example_states() -> dict[tuple[int, str], str]:
+    """(LALR state, unexpected token type) of every known mistake -> its message.
+
+    Lark's match_examples also compares the depth of the parser stack, so a mistake nested in a
+    quantifier would not match its top-level example; this table matches on the state alone.
+    """
+    table: dict[tuple[int, str], str] = {}
+    for label, examples in _EXAMPLES.items():
+        for text in examples:
+            try:
+                grammar().parse(text)
+            except UnexpectedToken as ut:
+                table.setdefault((ut.state.position, ut.token.type), label)
+            except UnexpectedInput:
+                pass
+    return table
 
 
 def _context(e: UnexpectedInput, text: str) -> str:
@@ -227,10 +247,13 @@ def _syntax_error(e: UnexpectedInput, text: str, file: str | None, locate: Locat
         ch = text[pos]
         hint = {"=": "use '==' to compare (or '<=', '>=')", "&": "use 'and'", "|": "use 'or'",
                 "!": "use 'not' (or '!=')", "[": "index with a function argument, e.g. "
-                "logits_inf(x, t)", "^": "there is no power operator; use exp/log"}.get(ch)
+                "logits_inf(x, t)", "^": "there is no power operator; use exp/log",
+                '"': "unterminated string", "'": "unterminated string"}.get(ch)
         msg = f"unexpected character {ch!r}" + (f"; {hint}" if hint else "")
         return ContractError(msg + where, file, line, col)
-    label = e.match_examples(grammar().parse, _EXAMPLES, use_accepts=True)
+    label = None
+    if isinstance(e, UnexpectedToken):
+        label = _example_states().get((e.state.position, e.token.type))
     if label:
         return ContractError(label + where, file, line, col)
     if isinstance(e, UnexpectedToken):
@@ -238,7 +261,9 @@ def _syntax_error(e: UnexpectedInput, text: str, file: str | None, locate: Locat
         if e.token.type == "$END":
             got = "the expression ends too early"
         else:
-            got = f"unexpected {_TERMINALS.get(e.token.type, e.token.type)} {str(e.token)!r}"
+            kind = _TERMINALS.get(e.token.type, e.token.type).removeprefix("a ")
+            got = (f"unexpected {kind}" if kind.startswith("'")
+                   else f"unexpected {kind} {str(e.token)!r}")
             if e.token.type in ("AND", "OR", "NOT", "IMPLIES", "FORALL", "EXISTS", "IN"):
                 got = f"unexpected keyword {str(e.token)!r}"
         return ContractError(f"{got}; expected {', '.join(expected)}{where}", file, line, col)

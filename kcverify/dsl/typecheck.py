@@ -95,7 +95,8 @@ class Checker:
             if e.name in self.slices:
                 return "slice"
             known = sorted(env)
-            listing = f"; in scope: {', '.join(known)}" if known else ""
+            listing = (f"; in scope: {', '.join(known)}" if known else
+                       f"; bind it first, e.g. 'forall {e.name} in SLICE: ...'")
             raise self.fail(e, f"undefined variable {e.name!r}{listing}")
         if isinstance(e, Neg):
             t = self.type_of(e.operand, env)

@@ -14,10 +14,12 @@ transformations, so every rounding below is a single correct rounding):
   ``chunk`` terms summed left to right, partial sums then left to right) or ``random`` (a seeded
   permutation, a random chunk size, partial sums sequential or pairwise). Each product passes
   through at most n roundings, so |acc - sum| <= gamma_n * sum |a_i b_i|.
-* Scales constant along the reduction axis factor out: the result is fl_compute(s_a s_b acc), one
-  rounding of the exact product. With per-block scales each block's partial sum is promoted as
-  fl_acc(s_a s_b p_block) and the blocks are summed in the accumulator format (still at most n
-  roundings per product), then rounded to the compute format.
+* Scales constant along the reduction axis factor out: with s_a s_b = m * 2^e (m in [0.5, 1)),
+  the products enter the accumulator scaled by 2^e (exact, and the accumulator sees the true
+  magnitudes, so it overflows only where the scaled sum would), and the result is
+  fl_compute(m * acc), one rounding of the exact product. With per-block scales each block's
+  partial sum is promoted as fl_acc(m * p_block) and the blocks are summed in the accumulator
+  format (still at most n roundings per product), then rounded to the compute format.
 * ``round(node, primitive, value)`` (every other op's result) rounds to the compute format: to
   nearest, or with ``rounding`` up / down / random to the largest / smallest / either grid point
   within ulps(primitive) * u * |value| of the value (never beyond what the spec admits; nearest
@@ -269,12 +271,14 @@ class Realization:
             return ca * cb
 
         if len(bounds) == 2:
-            acc = self._accumulate(terms, plans, gen)
-            return mul_nearest(scale_at(0).expand_as(acc), acc, comp)
+            mant, pow2 = _split_scale(scale_at(0))
+            acc = self._accumulate(terms * pow2[..., None], plans, gen)
+            return mul_nearest(mant.expand_as(acc), acc, comp)
         parts = []
         for k0, k1 in zip(bounds[:-1], bounds[1:]):
-            p = self._accumulate(terms[..., k0:k1], plans, gen)
-            parts.append(mul_nearest(scale_at(k0).expand_as(p), p, acc_fmt))
+            mant, pow2 = _split_scale(scale_at(k0))
+            p = self._accumulate(terms[..., k0:k1] * pow2[..., None], plans, gen)
+            parts.append(mul_nearest(mant.expand_as(p), p, acc_fmt))
         total = self._accumulate(torch.stack(parts, dim=-1), plans, gen)
         return round_to_format(total, comp)
 
@@ -306,6 +310,13 @@ class Realization:
             return _chunked(t, fmt, self.chunk or 32, "sequential")
         perm, chunk, across = self._plan(length, plans, gen)
         return _chunked(t[..., perm.to(t.device)], fmt, chunk, across)
+
+
+def _split_scale(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sc = mant * pow2 with pow2 a power of two and mant in [0.5, 1), both exact."""
+    _, e = torch.frexp(sc)
+    pow2 = torch.ldexp(torch.ones_like(sc), e)
+    return sc / pow2, pow2
 
 
 def _ones(x: torch.Tensor) -> torch.Tensor:

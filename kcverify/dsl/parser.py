@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+from lark.tree import Meta
 
 from kcverify.dsl.ast import (
     Aggregate,
@@ -65,76 +67,76 @@ class _Build(Transformer):
         return self._at(tok.start_pos or 0)
 
     @v_args(meta=True)
-    def number(self, meta, items):  # noqa: ANN001, ANN201
+    def number(self, meta: Meta, items: list[Any]) -> Expr:
         tok = items[0]
         return Num(float(tok), **self._tok(tok))
 
     @v_args(meta=True)
-    def string(self, meta, items):  # noqa: ANN001, ANN201
+    def string(self, meta: Meta, items: list[Any]) -> Expr:
         tok = items[0]
         return Str(str(tok)[1:-1], **self._tok(tok))
 
     @v_args(meta=True)
-    def var(self, meta, items):  # noqa: ANN001, ANN201
+    def var(self, meta: Meta, items: list[Any]) -> Expr:
         return Var(str(items[0]), **self._tok(items[0]))
 
-    def args(self, items):  # noqa: ANN001, ANN201
+    def args(self, items: list[Any]) -> Any:
         return tuple(items)
 
     @v_args(meta=True)
-    def call(self, meta, items):  # noqa: ANN001, ANN201
+    def call(self, meta: Meta, items: list[Any]) -> Expr:
         name, args = items
         return Call(str(name), tuple(args or ()), **self._tok(name))
 
-    def slice_binder(self, items):  # noqa: ANN001, ANN201
+    def slice_binder(self, items: list[Any]) -> Any:
         var, sl = items
         return Binder(str(var), str(sl), **self._tok(sl))
 
-    def position_binder(self, items):  # noqa: ANN001, ANN201
+    def position_binder(self, items: list[Any]) -> Any:
         return Binder(str(items[0]), None, **self._tok(items[0]))
 
-    def binders(self, items):  # noqa: ANN001, ANN201
+    def binders(self, items: list[Any]) -> Any:
         return tuple(items)
 
     agg_binders = binders
 
     @v_args(meta=True)
-    def aggregate(self, meta, items):  # noqa: ANN001, ANN201
+    def aggregate(self, meta: Meta, items: list[Any]) -> Expr:
         name, binders, body = items
         return Aggregate(str(name), tuple(binders), body, **self._tok(name))
 
-    def _quant(self, kind: str, meta, items) -> Expr:  # noqa: ANN001
+    def _quant(self, kind: str, meta: Meta, items: list[Any]) -> Expr:
         binders, body = items
         for b in reversed(binders[1:]):
             body = Quantifier(kind, b, body, line=b.line, column=b.column)
         return Quantifier(kind, binders[0], body, **self._at(meta.start_pos))
 
     @v_args(meta=True)
-    def forall(self, meta, items):  # noqa: ANN001, ANN201
+    def forall(self, meta: Meta, items: list[Any]) -> Expr:
         return self._quant("forall", meta, items)
 
     @v_args(meta=True)
-    def exists(self, meta, items):  # noqa: ANN001, ANN201
+    def exists(self, meta: Meta, items: list[Any]) -> Expr:
         return self._quant("exists", meta, items)
 
     @v_args(meta=True)
-    def implies(self, meta, items):  # noqa: ANN001, ANN201
+    def implies(self, meta: Meta, items: list[Any]) -> Expr:
         return BoolOp("implies", items[0], items[1], **self._at(meta.start_pos))
 
     @v_args(meta=True)
-    def or_(self, meta, items):  # noqa: ANN001, ANN201
+    def or_(self, meta: Meta, items: list[Any]) -> Expr:
         return BoolOp("or", items[0], items[1], **self._at(meta.start_pos))
 
     @v_args(meta=True)
-    def and_(self, meta, items):  # noqa: ANN001, ANN201
+    def and_(self, meta: Meta, items: list[Any]) -> Expr:
         return BoolOp("and", items[0], items[1], **self._at(meta.start_pos))
 
     @v_args(meta=True)
-    def not_(self, meta, items):  # noqa: ANN001, ANN201
+    def not_(self, meta: Meta, items: list[Any]) -> Expr:
         return Not(items[0], **self._at(meta.start_pos))
 
     @v_args(meta=True)
-    def compare(self, meta, items):  # noqa: ANN001, ANN201
+    def compare(self, meta: Meta, items: list[Any]) -> Expr:
         # a op1 b op2 c ... == (a op1 b) and (b op2 c) and ...
         result: Expr | None = None
         for i in range(1, len(items), 2):
@@ -148,12 +150,12 @@ class _Build(Transformer):
         return result
 
     @v_args(meta=True)
-    def arith(self, meta, items):  # noqa: ANN001, ANN201
+    def arith(self, meta: Meta, items: list[Any]) -> Expr:
         left, op, right = items
         return BinOp(str(op), left, right, **self._tok(op))
 
     @v_args(meta=True)
-    def neg(self, meta, items):  # noqa: ANN001, ANN201
+    def neg(self, meta: Meta, items: list[Any]) -> Expr:
         return Neg(items[1], **self._tok(items[0]))
 
 

@@ -9,10 +9,11 @@
 
   for a "<=" clause (for ">=": (tau_c - v_c) / |tau_c|), where v_c is the clause's observed value
   (over a window of recent observations: the mean of d_c over the last ``window`` values), tau_c its
-  threshold, and w_c its level's weight (L1 = 1, L2 = 2, L3 = 3). With tau_c = 0, d_c is 1 when
+  threshold, and w_c its level's weight (L0 = 0.5, L1 = 1, L2 = 2, L3 = 3). With tau_c = 0, d_c is 1 when
   violated, else 0. So H is in [0, 1]: 1 when every clause meets its threshold, 0 when every
   clause misses it by 100 % or more. Clauses with no observed value are left out; with none, H = 1.
-* Routing: the most severe action among violated clauses (fallback > guard > log > none).
+* Routing: the most severe action among violated clauses
+  (block > fallback > guard > warn > log > none).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 
 from kcverify.report.model import ClauseResult, Report, Verdict
 
-DEFAULT_POLICY: dict[str, str] = {"L1": "log", "L2": "guard", "L3": "fallback"}
-SEVERITY: dict[str, int] = {"none": 0, "log": 1, "guard": 2, "fallback": 3}
-LEVEL_WEIGHTS: dict[str, float] = {"L1": 1.0, "L2": 2.0, "L3": 3.0}
+DEFAULT_POLICY: dict[str, str] = {"L0": "log", "L1": "log", "L2": "guard", "L3": "fallback"}
+# Routing severity; "block" (refuse to serve) outranks "fallback" (serve with the training kernel).
+SEVERITY: dict[str, int] = {"none": 0, "log": 1, "warn": 2, "guard": 3, "fallback": 4, "block": 5}
+LEVEL_WEIGHTS: dict[str, float] = {"L0": 0.5, "L1": 1.0, "L2": 2.0, "L3": 3.0}
 
 
 def prescribed_action(level: str | None, clause_action: str | None = None,
@@ -43,7 +45,7 @@ def action_taken(verdict: Verdict | str, level: str | None, clause_action: str |
 
 
 def most_severe(actions: Iterable[str]) -> str:
-    """fallback > guard > log > none (an unknown action name ranks as log)."""
+    """block > fallback > guard > warn > log > none (an unknown action name ranks as log)."""
     best = "none"
     for a in actions:
         if SEVERITY.get(a, 1) > SEVERITY.get(best, 0):

@@ -29,6 +29,8 @@ def test_most_severe() -> None:
     assert most_severe([]) == "none"
     assert most_severe(["log", "fallback", "guard"]) == "fallback"
     assert most_severe(["log", "guard"]) == "guard"
+    assert most_severe(["fallback", "block", "warn"]) == "block"
+    assert most_severe(["log", "warn"]) == "warn"
 
 
 def test_deviation() -> None:

@@ -1,0 +1,144 @@
+"""The self-contained HTML report: inline CSS, inline SVG plots, no script, no external asset."""
+
+from __future__ import annotations
+
+import os
+from html import escape
+from pathlib import Path
+
+from kcverify import __version__
+from kcverify.report.model import ClauseResult, Report, Verdict
+from kcverify.report.svg import drift_chart, exceedance_chart, fmt
+from kcverify.report.writer import atomic_write_text
+
+CSS = """
+:root { --ink: #1d2330; --muted: #5b6475; --line: #d9dee7; --bg: #f6f7fa; --card: #fff;
+  --pass: #1f8a4c; --fail: #c0392b; --unk: #b7791f; --cert: #2f4b7c; --obs: #7fb3d5; }
+* { box-sizing: border-box; }
+body { margin: 0; padding: 28px 36px; font: 14px/1.45 system-ui, -apple-system, "Segoe UI",
+  Roboto, "DejaVu Sans", sans-serif; color: var(--ink); background: var(--bg); }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 28px 0 10px; }
+.sub { color: var(--muted); margin-bottom: 18px; }
+.cards { display: flex; gap: 14px; flex-wrap: wrap; }
+.card { background: var(--card); border: 1px solid var(--line); border-radius: 8px;
+  padding: 12px 16px; min-width: 150px; }
+.card .k { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+.card .v { font-size: 22px; font-weight: 600; margin-top: 2px; }
+.card.bad .v { color: var(--fail); } .card.good .v { color: var(--pass); }
+table { border-collapse: collapse; width: 100%; background: var(--card);
+  border: 1px solid var(--line); border-radius: 8px; overflow: hidden; }
+th, td { padding: 7px 10px; text-align: left; border-bottom: 1px solid var(--line);
+  vertical-align: top; }
+th { background: #eef1f6; font-size: 12px; color: var(--muted); text-transform: uppercase;
+  letter-spacing: .03em; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+tr.slice td { background: #fafbfd; color: var(--muted); font-size: 13px; }
+tr.slice td:first-child { padding-left: 26px; }
+.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px;
+  font-weight: 600; color: #fff; white-space: nowrap; }
+.badge.proved, .badge.passed-empirically { background: var(--pass); }
+.badge.refuted, .badge.failed-empirically { background: var(--fail); }
+.badge.unknown { background: var(--unk); }
+.note { color: var(--muted); font-size: 12px; max-width: 420px; }
+.act-on { color: var(--fail); font-weight: 600; } .act-off { color: var(--muted); }
+.chart { background: var(--card); border: 1px solid var(--line); border-radius: 8px;
+  display: block; margin: 0 0 12px; max-width: 100%; height: auto; }
+.chart text { font: 11px system-ui, "DejaVu Sans", sans-serif; fill: var(--ink); }
+.chart .chart-title { font-size: 13px; font-weight: 600; }
+.chart .tick, .chart .axis-label, .chart .legend { fill: var(--muted); }
+.chart .grid { stroke: #edf0f5; } .chart .axis { stroke: #9aa3b2; }
+.chart .bar-certified { fill: var(--cert); } .chart .bar-observed { fill: var(--obs); }
+.chart .bar-passed { fill: #6cc08b; } .chart .bar-failed { fill: #e07b6f; }
+.chart .bar-unknown { fill: #e3b55d; }
+.chart .whisker { stroke: var(--ink); stroke-width: 1.5; }
+.chart .budget { stroke: var(--fail); stroke-width: 2; stroke-dasharray: 6 4; }
+.chart .ratio { fill: var(--cert); font-weight: 600; }
+.plots { display: flex; flex-wrap: wrap; gap: 0 24px; }
+.empty { color: var(--muted); font-style: italic; }
+footer { margin-top: 28px; color: var(--muted); font-size: 12px; }
+"""
+
+
+def _badge(v: Verdict | str) -> str:
+    v = Verdict(v)
+    return f'<span class="badge {v.value}">{escape(v.value)}</span>'
+
+
+def _clause_rows(c: ClauseResult) -> str:
+    act = (f'<span class="act-on">{escape(c.action_taken)}</span>' if c.violated else
+           f'<span class="act-off">{escape(c.action or "-")}</span>')
+    cond = "-" if c.threshold is None else f"{escape(c.direction)} {fmt(c.threshold)}"
+    conf = "-" if c.confidence is None else f"{c.confidence:.0%}"
+    what = escape(c.metric or c.method)
+    rows = [f'<tr class="clause" data-id="{escape(c.id)}"><td><b>{escape(c.id)}</b><br>'
+            f'<span class="note">{escape(c.family)} · {what}</span></td>'
+            f'<td>{_badge(c.verdict)}</td><td class="num">{fmt(c.value)}</td><td class="num">{cond}</td>'
+            f'<td class="num">{fmt(c.bound)}</td><td>{escape(c.method)}</td>'
+            f'<td>{escape(c.slice or "-")}</td>'
+            f'<td class="num">{"-" if c.sample_size is None else c.sample_size}</td>'
+            f'<td class="num">{conf}</td><td>{escape(c.level or "-")}</td><td>{act}</td>'
+            f'<td class="note">{escape(c.note)}</td></tr>']
+    for s in c.slices:
+        counted = "" if s.violations is None else f" ({s.violations}/{s.n})"
+        rows.append(f'<tr class="slice"><td>└ {escape(s.slice)}</td><td>{_badge(s.verdict)}</td>'
+                    f'<td class="num">{fmt(s.value)}{counted}</td>'
+                    f'<td class="num">{"-" if s.budget is None else "budget " + fmt(s.budget)}</td>'
+                    f'<td class="num">{"-" if s.upper is None else "rate ≤ " + fmt(s.upper, 3)}</td>'
+                    f'<td></td><td>{escape(s.slice)}</td><td class="num">{s.n}</td><td></td><td></td>'
+                    f'<td></td><td class="note">{escape(s.note)}</td></tr>')
+    return "\n".join(rows)
+
+
+def render_html(report: Report, title: str | None = None) -> str:
+    """The whole page as one string."""
+    counts = report.counts()
+    held = counts["proved"] + counts["passed-empirically"]
+    bad = counts["refuted"] + counts["failed-empirically"]
+    health = "-" if report.health is None else f"{report.health:.3f}"
+    blocks = list(report.blocks)
+    for c in report.clauses:
+        blocks.extend(b for b in c.blocks if b not in blocks)
+    title = title or f"kcverify report: {report.contract}"
+    cards = [
+        ("verdict", "holds" if report.ok else "violated", "good" if report.ok else "bad"),
+        ("health H", health, "good" if (report.health or 0) >= 0.999 else "bad" if report.ok is False else ""),
+        ("action", report.action, "bad" if report.action != "none" else "good"),
+        ("clauses", f"{held} ✓ · {bad} ✗ · {counts['unknown']} ?", ""),
+    ]
+    card_html = "".join(f'<div class="card {cls}" data-k="{escape(k)}"><div class="k">{escape(k)}</div>'
+                        f'<div class="v">{escape(v)}</div></div>' for k, v, cls in cards)
+    head = ("<tr><th>clause</th><th>verdict</th><th>value</th><th>condition</th><th>bound</th>"
+            "<th>method</th><th>slice</th><th>n</th><th>conf.</th><th>level</th><th>action</th>"
+            "<th>evidence</th></tr>")
+    rows = "\n".join(_clause_rows(c) for c in report.clauses)
+    policy = ", ".join(f"{k}: {v}" for k, v in sorted(report.escalation.items())) or "-"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{escape(title)}</title>
+<style>{CSS}</style></head>
+<body>
+<h1>{escape(title)}</h1>
+<div class="sub">contract <code>{escape(report.contract)}</code> · model <code>{escape(report.model)}</code>
+ · escalation {escape(policy)}</div>
+<div class="cards">{card_html}</div>
+<h2>Clauses</h2>
+<table class="clauses"><thead>{head}</thead><tbody>
+{rows}
+</tbody></table>
+<div class="plots">
+<section><h2>Drift per block</h2>
+{drift_chart(blocks)}</section>
+<section><h2>Exceedance per slice</h2>
+{exceedance_chart(report.clauses)}</section>
+</div>
+<footer>kcverify {escape(__version__)} · action in red: triggered by a violated clause; grey:
+prescribed by the clause's level, not triggered. Soft clauses: one-sided Clopper-Pearson bounds on
+the violation rate; a bar's whisker is its upper bound, the dashed line its budget.</footer>
+</body></html>
+"""
+
+
+def write_report_html(report: Report, path: str | os.PathLike[str]) -> Path:
+    """Write the HTML page atomically; returns the path."""
+    return atomic_write_text(path, render_html(report))

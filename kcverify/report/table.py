@@ -1,0 +1,49 @@
+"""The terminal table: one aligned row per clause, then per-slice rows, then a summary line."""
+
+from __future__ import annotations
+
+from kcverify.report.model import ClauseResult, Report, Verdict
+from kcverify.report.svg import fmt
+
+COLUMNS = ("CLAUSE", "FAMILY", "VERDICT", "VALUE", "COND", "BOUND", "SLICE", "N", "CONF",
+           "LEVEL", "ACTION")
+
+
+def _cond(c: ClauseResult) -> str:
+    return "-" if c.threshold is None else f"{c.direction} {fmt(c.threshold)}"
+
+
+def _row(c: ClauseResult) -> list[str]:
+    action = c.action_taken if c.violated else (f"({c.action})" if c.action else "-")
+    return [c.id, c.family, Verdict(c.verdict).value, fmt(c.value), _cond(c), fmt(c.bound),
+            c.slice or "-", "-" if c.sample_size is None else str(c.sample_size),
+            "-" if c.confidence is None else f"{c.confidence:.0%}", c.level or "-", action]
+
+
+def _slice_rows(c: ClauseResult) -> list[list[str]]:
+    rows = []
+    for s in c.slices:
+        bound = "-" if s.upper is None else f"rate<={fmt(s.upper, 3)}"
+        value = fmt(s.value) if s.rate is None else f"{fmt(s.value)} ({s.violations}/{s.n})"
+        budget = "-" if s.budget is None else f"budget {fmt(s.budget)}"
+        rows.append(["  └ " + s.slice, "", Verdict(s.verdict).value, value, budget, bound,
+                     s.slice, str(s.n), "", "", ""])
+    return rows if len(rows) > 1 or any(s.rate is not None for s in c.slices) else []
+
+
+def render_table(report: Report, slices: bool = True) -> str:
+    """Plain text, columns aligned; an action in parentheses is prescribed but not triggered."""
+    rows: list[list[str]] = [list(COLUMNS)]
+    for c in report.clauses:
+        rows.append(_row(c))
+        if slices:
+            rows.extend(_slice_rows(c))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
+    health = "-" if report.health is None else f"{report.health:.3f}"
+    lines.append("")
+    lines.append(f"{len(report.clauses)} clauses: {counts or 'none'}; health H = {health}; "
+                 f"recommended action: {report.action}")
+    return "\n".join(lines)

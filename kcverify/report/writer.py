@@ -1,0 +1,61 @@
+"""The JSON report: versioned, sorted keys, written atomically (temp file, then os.replace)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kcverify import __version__
+from kcverify.report.model import Report
+
+FORMAT = "kcverify-report"
+FORMAT_VERSION = 1
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    """The report as a JSON object: format header, then clauses, health and action."""
+    body = report.to_json()
+    body["format"] = FORMAT
+    body["format_version"] = FORMAT_VERSION
+    body["tool"] = {"name": "kcverify", "version": __version__}
+    return _finite(body)
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN / infinity: NaN becomes null, +-infinity the string "inf" / "-inf"."""
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return None
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through a temp file in the same directory and os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_report_json(report: Report, path: str | os.PathLike[str]) -> Path:
+    """Write the JSON report to ``path`` atomically; returns the path."""
+    text = json.dumps(report_json(report), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    return atomic_write_text(path, text)

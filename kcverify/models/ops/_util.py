@@ -68,7 +68,7 @@ def from_numpy(arr: np.ndarray, float_dtype: torch.dtype, device: torch.device |
     every narrower format), integers and booleans in their own dtype."""
     a = np.asarray(arr)
     if a.dtype in _ML_FLOATS or a.dtype.kind == "f":
-        return torch.from_numpy(np.ascontiguousarray(a.astype(np.float64))).to(device, float_dtype)
+        return torch.from_numpy(np.array(a, dtype=np.float64, copy=True)).to(device, float_dtype)
     if a.dtype == np.bool_:
         return torch.from_numpy(np.array(a, copy=True)).to(device)
     if a.dtype.kind in "iu":

@@ -97,8 +97,10 @@ class _Loader:
     def number(self, value: Any, path: Path_, what: str) -> float:
         if isinstance(value, str) and _NUMBER.match(value.strip()):
             value = float(value)  # YAML 1.1 reads 1e-3 as a string
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(f"{what} must be a number, got {_kind(value)} {value!r}", path)
+        if not math.isfinite(value):
+            raise self.fail(f"{what} must be a finite number, got {value!r}", path)
         return float(value)
 
     def string(self, value: Any, path: Path_, what: str) -> str:

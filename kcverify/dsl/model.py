@@ -61,8 +61,9 @@ class Clause:
     """One clause in normal form: ``expr`` is the explicit first-order condition.
 
     klass: certifiable | empirical | static (DESIGN 1.2). hard: no budget (must hold outright).
-    budget: for a soft clause, the error probability alpha its empirical evidence may have
-    (pass only if the one-sided (1 - alpha) confidence bound meets the threshold).
+    budget: for a soft clause, the fraction of units (inputs, or timed calls) allowed to violate
+    the threshold; kcverify.empirical decides the exceedance rate with one-sided Clopper-Pearson
+    bounds at its confidence level.
     metric/threshold: the short form's metric name and threshold (threshold also filled in for
     an explicit condition of the shape ``Q op NUMBER``).
     """

@@ -6,6 +6,7 @@ to (line, column) in the contract file, so nodes and errors point into the YAML 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -55,9 +56,10 @@ def text_locate(text: str) -> Locate:
 class _Build(Transformer):
     """Parse tree -> AST; one method per grammar rule (aliases)."""
 
-    def __init__(self, locate: Locate) -> None:
+    def __init__(self, locate: Locate, file: str | None = None) -> None:
         super().__init__()
         self._locate = locate
+        self._file = file
 
     def _at(self, offset: int) -> dict[str, int]:
         line, column = self._locate(offset)
@@ -69,7 +71,12 @@ class _Build(Transformer):
     @v_args(meta=True)
     def number(self, meta: Meta, items: list[Any]) -> Expr:
         tok = items[0]
-        return Num(float(tok), **self._tok(tok))
+        value = float(tok)
+        if not math.isfinite(value):
+            line, col = self._locate(tok.start_pos or 0)
+            raise ContractError(f"number {str(tok)!r} is out of range (larger than 1.8e308)",
+                                self._file, line, col)
+        return Num(value, **self._tok(tok))
 
     @v_args(meta=True)
     def string(self, meta: Meta, items: list[Any]) -> Expr:
@@ -286,6 +293,6 @@ def parse_expr(text: str, file: str | None = None, locate: Locate | None = None)
     except UnexpectedInput as e:
         raise _syntax_error(e, text, file, locate) from None
     try:
-        return _Build(locate).transform(tree)
-    except VisitError as e:  # a bug in the transformer, not bad input
+        return _Build(locate, file).transform(tree)
+    except VisitError as e:  # a ContractError raised while building, else a bug
         raise e.orig_exc from None

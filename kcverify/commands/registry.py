@@ -1,16 +1,125 @@
-"""`kcverify registry` (not implemented yet)."""
+"""`kcverify registry admit|list|show|verify|revoke|log`: the admission gate and its store.
+
+The registry lives in --registry DIR, else $KCVERIFY_REGISTRY, else ~/.kcverify/registry.
+admit: exit 0 admitted, 1 rejected (the reasons are printed and logged), 2 bad input.
+verify: exit 0 when every admitted entry re-checks, 1 otherwise.
+"""
 
 from __future__ import annotations
 
 import argparse
-
-from kcverify.errors import KcverifyError
+import json
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("registry", help="(not implemented yet)")
-    p.set_defaults(func=run)
+    p = sub.add_parser("registry", help="admit certified models; list, show, verify, revoke",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--registry", metavar="DIR", help="registry directory (default: "
+                   "$KCVERIFY_REGISTRY or ~/.kcverify/registry)")
+    rs = p.add_subparsers(dest="registry_command", metavar="ACTION", required=True)
+    a = rs.add_parser("admit", help="admit MODEL CONTRACT CERT if the certificate checks and "
+                      "every hard clause holds")
+    a.add_argument("model")
+    a.add_argument("contract")
+    a.add_argument("cert", help="certificate JSON, or the ONNX model when it is embedded")
+    a.set_defaults(func=_admit)
+    ls = rs.add_parser("list", help="list entries")
+    ls.add_argument("--all", action="store_true", help="include revoked entries")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_list)
+    sh = rs.add_parser("show", help="show one entry, its clauses and its decisions")
+    sh.add_argument("id")
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(func=_show)
+    v = rs.add_parser("verify", help="re-check every admitted entry (or one) from the store")
+    v.add_argument("id", nargs="?")
+    v.set_defaults(func=_verify)
+    r = rs.add_parser("revoke", help="revoke an entry")
+    r.add_argument("id")
+    r.add_argument("--reason", required=True)
+    r.set_defaults(func=_revoke)
+    lg = rs.add_parser("log", help="the decision log (admit, reject, revoke) with reasons")
+    lg.add_argument("--json", action="store_true")
+    lg.set_defaults(func=_log)
 
 
-def run(args: argparse.Namespace) -> int:
-    raise KcverifyError("'kcverify registry' is not implemented yet")
+def _registry(args: argparse.Namespace) -> Any:
+    from kcverify.registry import Registry
+
+    return Registry(args.registry)
+
+
+def _admit(args: argparse.Namespace) -> int:
+    d = _registry(args).admit(args.model, args.contract, args.cert)
+    if d.admitted:
+        print(f"admitted: entry {d.entry_id}" + (" (already admitted)" if d.duplicate else ""))
+        return 0
+    print("rejected:")
+    for r in d.reasons:
+        print(f"  - {r}")
+    return 1
+
+
+def _list(args: argparse.Namespace) -> int:
+    entries = _registry(args).entries(None if args.all else "admitted")
+    if args.json:
+        print(json.dumps(entries, indent=1, sort_keys=True))
+        return 0
+    if not entries:
+        print("(no entries)")
+    for e in entries:
+        print(f"{e['id']:>4}  {e['status']:<8}  {e['contract_id']}@{e['contract_version']:<10}  "
+              f"{e['model_name']}  model {e['model_sha256'][:12]}  cert "
+              f"{e['certificate_sha256'][:12]}  {e['admitted_at']}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    reg = _registry(args)
+    e = reg.entry(args.id)
+    decisions = reg.decisions(e["id"])
+    if args.json:
+        print(json.dumps({"entry": e, "decisions": decisions}, indent=1, sort_keys=True))
+        return 0
+    print(f"entry {e['id']}: {e['status']}" +
+          (f" ({e['revoke_reason']}, {e['revoked_at']})" if e["status"] == "revoked" else ""))
+    print(f"  contract  {e['contract_id']}@{e['contract_version']}  {e['contract_name']}  "
+          f"{e['contract_sha256']}")
+    print(f"  model     {e['model_name']}  {e['model_sha256']}")
+    for k, dg in sorted(e["kernel_digests"].items()):
+        print(f"  kernel    {k}  {dg}")
+    print(f"  cert      {e['certificate_sha256']}")
+    for c in e["clauses"]:
+        print(f"  clause    {c['id']:<12} {'hard' if c['hard'] else 'soft'}  {c['verdict']}")
+    for d in decisions:
+        print(f"  {d['at']}  {d['action']}: {d['reason']}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    results = _registry(args).verify(args.id)
+    bad = [r for r in results if not r.ok]
+    for r in results:
+        print(f"entry {r.entry_id}: {'ok' if r.ok else 'FAIL'}")
+        for p in r.problems:
+            print(f"  - {p}")
+    print(f"{len(results) - len(bad)} of {len(results)} entries re-check")
+    return 1 if bad else 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    e = _registry(args).revoke(args.id, args.reason)
+    print(f"revoked: entry {e['id']} ({e['revoke_reason']})")
+    return 0
+
+
+def _log(args: argparse.Namespace) -> int:
+    ds = _registry(args).decisions()
+    if args.json:
+        print(json.dumps(ds, indent=1, sort_keys=True))
+        return 0
+    for d in ds:
+        entry = f"entry {d['entry_id']}" if d["entry_id"] is not None else "no entry"
+        print(f"{d['id']:>4}  {d['at']}  {d['action']:<6}  {entry}: {d['reason']}")
+    return 0

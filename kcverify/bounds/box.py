@@ -1,0 +1,281 @@
+"""Differential boxes: the abstract state of one tensor, and the verifier's own sound arithmetic.
+
+A tensor's state in the interval domain is ``Box(tl, th, il, ih, dl, dh)``: for every input in the
+set and every pair of conforming programs, the training value lies in [tl, th], the inference
+value in [il, ih], and the drift (inference - training) in [dl, dh]. All six are float64 torch
+tensors of the tensor's ONNX shape (axis 0 is the batch for tensors derived from graph inputs).
+
+Tensors that are the same in every program (shapes, indices, masks, weights) are ``Concrete``:
+an exact value, plus the number of rounding steps a realization may have applied when it computed
+the value from constants (0 for initializers and pure data movement).
+
+Soundness of float64: every bound a rule returns is widened outward by ``REL_PAD`` relative plus
+``ABS_PAD`` absolute (``pad_lo``/``pad_hi``), which covers the few correctly rounded float64
+operations (and libm's few-ulp exp/erf/tanh) between exact maths and a rule's returned value;
+long sums carry their own ``n * 2^-53 * sum|terms|`` term (``fsum``, ``matmul``).
+
+``DiffBox`` is the public, numpy form of a Box (architecture.md): what block records and
+certificates store.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kcverify.errors import BoundError
+
+U64 = 2.0**-53
+REL_PAD = 16 * U64  # relative outward widening applied to every rule result
+ABS_PAD = 2.0**-1000  # absolute widening: far above float64 underflow error, far below any eta
+F64 = torch.float64
+
+
+def pad_lo(x: torch.Tensor, rel: float = REL_PAD) -> torch.Tensor:
+    """Round a lower bound outward: x - rel*|x| - ABS_PAD (infinities unchanged)."""
+    y = x - x.abs() * rel - ABS_PAD
+    return torch.where(torch.isfinite(x), y, x)
+
+
+def pad_hi(x: torch.Tensor, rel: float = REL_PAD) -> torch.Tensor:
+    """Round an upper bound outward: x + rel*|x| + ABS_PAD (infinities unchanged)."""
+    y = x + x.abs() * rel + ABS_PAD
+    return torch.where(torch.isfinite(x), y, x)
+
+
+def sub_lo(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Lower bound of a - b for a >= a_lo, b <= b_hi, with inf - inf (same point) read as no
+    information (-inf)."""
+    d = a - b
+    return torch.nan_to_num(d, nan=-float("inf"))
+
+
+def sub_hi(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    d = a - b
+    return torch.nan_to_num(d, nan=float("inf"))
+
+
+def imul(al: torch.Tensor, ah: torch.Tensor, bl: torch.Tensor, bh: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Interval product [al, ah] * [bl, bh] (0 * inf read as 0: bounds are of finite values)."""
+    c = torch.stack([al * bl, al * bh, ah * bl, ah * bh])
+    c = torch.nan_to_num(c, nan=0.0, posinf=float("inf"), neginf=-float("inf"))
+    return c.min(0).values, c.max(0).values
+
+
+def mag(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """max |x| over [lo, hi]."""
+    return torch.maximum(lo.abs(), hi.abs())
+
+
+def mig(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """min |x| over [lo, hi]."""
+    return torch.where((lo <= 0) & (hi >= 0), torch.zeros_like(lo), torch.minimum(lo.abs(), hi.abs()))
+
+
+def fsum(lo: torch.Tensor, hi: torch.Tensor, dim: int | tuple[int, ...], keepdim: bool = False
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sound enclosure of sum(x) over ``dim`` for x in [lo, hi], float64 summation error included."""
+    n = _numel(lo, dim)
+    s_lo, s_hi = lo.sum(dim, keepdim=keepdim), hi.sum(dim, keepdim=keepdim)
+    err = (n + 2) * U64 * mag(lo, hi).sum(dim, keepdim=keepdim)
+    return s_lo - err, s_hi + err
+
+
+def _numel(t: torch.Tensor, dim: int | tuple[int, ...]) -> int:
+    dims = (dim,) if isinstance(dim, int) else dim
+    n = 1
+    for d in dims:
+        n *= t.shape[d]
+    return n
+
+
+def midrad(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Midpoint and an upward-rounded radius with [m - r, m + r] containing [lo, hi]."""
+    m = 0.5 * lo + 0.5 * hi
+    r = torch.maximum(hi - m, m - lo)
+    return m, pad_hi(r.clamp_min(0.0), 4 * U64)
+
+
+def imatmul(al: torch.Tensor, ah: torch.Tensor, bl: torch.Tensor, bh: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Interval matmul (numpy broadcasting) in midpoint-radius form, float64 error included.
+
+    Returns (lo, hi, M) with M = |A| @ |B| (magnitudes), which callers reuse for gamma_n terms.
+    """
+    am, ar = midrad(al, ah)
+    bm, br = midrad(bl, bh)
+    c = torch.matmul(am, bm)
+    a_abs, b_abs = am.abs(), bm.abs()
+    point_a, point_b = not bool((ar > 0).any()), not bool((br > 0).any())
+    rad = torch.zeros_like(c)
+    if not point_b:
+        rad = rad + torch.matmul(a_abs, br)
+    if not point_a:
+        rad = rad + torch.matmul(ar, b_abs)
+        if not point_b:
+            rad = rad + torch.matmul(ar, br)
+    magn = torch.matmul(a_abs + ar, b_abs + br)
+    n = al.shape[-1]
+    err = (n + 4) * U64 * magn * 1.01 + rad * 8 * U64
+    return c - rad - err, c + rad + err, magn
+
+
+@dataclass
+class Concrete:
+    """An exact value shared by both kernels; ``rounds`` = rounding steps a realization may have
+    applied when computing it from constants (0: initializer, Constant or data movement)."""
+
+    value: torch.Tensor
+    rounds: int = 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+
+@dataclass
+class Box:
+    """Differential interval state of one float tensor (float64 torch tensors, ONNX shape)."""
+
+    tl: torch.Tensor
+    th: torch.Tensor
+    il: torch.Tensor
+    ih: torch.Tensor
+    dl: torch.Tensor
+    dh: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tl.shape)
+
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        return (self.tl, self.th, self.il, self.ih, self.dl, self.dh)
+
+    def map(self, fn: Any) -> Box:
+        """Apply a data-movement function (reshape, transpose, gather...) to all six bounds."""
+        return Box(*(fn(p) for p in self.parts()))
+
+    @staticmethod
+    def make(tl: torch.Tensor, th: torch.Tensor, il: torch.Tensor, ih: torch.Tensor,
+             dl: torch.Tensor | None = None, dh: torch.Tensor | None = None) -> Box:
+        """A box whose drift is [dl, dh] intersected with the difference of the value sets."""
+        vdl, vdh = sub_lo(il, th), sub_hi(ih, tl)
+        if dl is None or dh is None:
+            return Box(tl, th, il, ih, vdl, vdh)
+        shape = torch.broadcast_shapes(dl.shape, vdl.shape)
+        return Box(tl, th, il, ih, torch.maximum(pad_lo(dl), pad_lo(vdl)).expand(shape),
+                   torch.minimum(pad_hi(dh), pad_hi(vdh)).expand(shape))
+
+    def padded(self) -> Box:
+        return Box(pad_lo(self.tl), pad_hi(self.th), pad_lo(self.il), pad_hi(self.ih),
+                   pad_lo(self.dl), pad_hi(self.dh))
+
+    def hull(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Enclosure of both kernels' values."""
+        return torch.minimum(self.tl, self.il), torch.maximum(self.th, self.ih)
+
+    def to_diffbox(self) -> DiffBox:
+        a = [p.detach().to("cpu", F64).numpy().copy() for p in self.parts()]
+        return DiffBox(*a)
+
+
+def check_box(b: Box, shape: tuple[int, ...] | None, where: str, had_inf: bool) -> Box:
+    """The dispatcher's check of a rule's result: shapes agree, no NaN, lo <= hi."""
+    parts = list(b.parts())
+    if len({tuple(p.shape) for p in parts}) != 1:
+        raise BoundError(f"{where}: rule returned bounds of different shapes "
+                         f"{[tuple(p.shape) for p in parts]}")
+    if shape is not None and tuple(parts[0].shape) != tuple(shape):
+        raise BoundError(f"{where}: rule returned shape {tuple(parts[0].shape)}, "
+                         f"expected {tuple(shape)}")
+    for k in range(0, 6, 2):
+        lo, hi = parts[k], parts[k + 1]
+        nan = torch.isnan(lo) | torch.isnan(hi)
+        if bool(nan.any()):
+            if not had_inf:
+                raise BoundError(f"{where}: rule returned NaN bounds from finite inputs")
+            parts[k] = torch.where(nan, torch.full_like(lo, -float("inf")), lo)
+            parts[k + 1] = torch.where(nan, torch.full_like(hi, float("inf")), hi)
+            lo, hi = parts[k], parts[k + 1]
+        if bool((lo > hi).any()):
+            bad = (lo > hi).nonzero()[0].tolist()
+            raise BoundError(f"{where}: rule returned an empty interval at index {bad} "
+                             f"([{float(lo[tuple(bad)])!r}, {float(hi[tuple(bad)])!r}]): "
+                             f"two enclosures disagree, a soundness bug")
+    return Box(*parts)
+
+
+_FIELDS = ("train_lo", "train_hi", "inf_lo", "inf_hi", "drift_lo", "drift_hi")
+
+
+@dataclass
+class DiffBox:
+    """Public differential box: float64 numpy arrays of one tensor's shape (batch first).
+
+    For every input in the set and every pair of conforming programs: train value in
+    [train_lo, train_hi], inference value in [inf_lo, inf_hi], inf - train in [drift_lo, drift_hi].
+    """
+
+    train_lo: np.ndarray
+    train_hi: np.ndarray
+    inf_lo: np.ndarray
+    inf_hi: np.ndarray
+    drift_lo: np.ndarray
+    drift_hi: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.train_lo.shape)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return tuple(getattr(self, f) for f in _FIELDS)
+
+    def contains(self, other: DiffBox) -> bool:
+        """True when every set of ``other`` lies inside the corresponding set of ``self``."""
+        if self.shape != other.shape:
+            return False
+        mine, theirs = self.arrays(), other.arrays()
+        for k in range(0, 6, 2):
+            if not (np.all(mine[k] <= theirs[k]) and np.all(theirs[k + 1] <= mine[k + 1])):
+                return False
+        return True
+
+    def linf(self) -> np.ndarray:
+        """Certified max |inf - train| per sample (axis 0)."""
+        m = np.maximum(np.abs(self.drift_lo), np.abs(self.drift_hi))
+        if m.ndim == 0:
+            return m.reshape(1)
+        return m.reshape(m.shape[0], -1).max(axis=1) if m.size else np.zeros(m.shape[0])
+
+    def to_box(self, device: str | torch.device = "cpu") -> Box:
+        return Box(*(torch.as_tensor(np.asarray(a, dtype=np.float64), device=device)
+                     for a in self.arrays()))
+
+    def to_plain(self) -> dict[str, Any]:
+        """JSON-able form: shape and base64 of the little-endian float64 bytes of each array."""
+        out: dict[str, Any] = {"shape": list(self.shape)}
+        for f in _FIELDS:
+            a = np.ascontiguousarray(getattr(self, f), dtype="<f8")
+            out[f] = base64.b64encode(a.tobytes()).decode("ascii")
+        return out
+
+    @staticmethod
+    def from_plain(d: dict[str, Any]) -> DiffBox:
+        shape = tuple(int(s) for s in d["shape"])
+        arrs = []
+        for f in _FIELDS:
+            raw = base64.b64decode(d[f])
+            arrs.append(np.frombuffer(raw, dtype="<f8").reshape(shape).astype(np.float64))
+        return DiffBox(*arrs)
+
+    @staticmethod
+    def point(x: np.ndarray) -> DiffBox:
+        """The same exact value in both kernels, zero drift."""
+        x = np.asarray(x, dtype=np.float64)
+        z = np.zeros_like(x)
+        return DiffBox(x.copy(), x.copy(), x.copy(), x.copy(), z, z.copy())

@@ -1,0 +1,383 @@
+"""The bound engine: walk a graph (block by block) with the registered rules of a domain.
+
+    res = certify_drift(graph, train_spec, inf_spec, feeds, region=None, domain="best")
+    res.linf      # (batch,) certified max |z_inf - z_train| per input
+    res.outputs   # name -> DiffBox
+    res.blocks    # [BlockRecord(name, digest, method, in_state, out_state)]
+
+One generic traversal (jax_verify's shape): a node whose inputs are all concrete is evaluated
+exactly (CONCRETE_OPS); every other node is dispatched to RULES[(op, domain)], and the dispatcher
+checks the result (shape, NaN, lo <= hi) and rounds it outward. Before anything runs, every node
+with neither is collected into one BoundError. Blocks come from kcverify.models.blocks.segment;
+each block is bounded from the DiffBoxes of its inputs alone (``bound_block``), which is exactly
+what the certificate checker re-runs, and memory stays flat in depth.
+
+Domains: "interval" (differential intervals), "best" (the intersection of every implemented
+domain, per tensor: today the interval domain), "separate" (the baseline: each kernel bounded on
+its own, drift = difference of the value sets).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from kcverify.bounds.box import F64, Box, Concrete, DiffBox, check_box, pad_hi, pad_lo
+from kcverify.bounds.registry import CONCRETE_OPS, RULES, RuleCtx, registered
+from kcverify.errors import BoundError, InputFileError
+from kcverify.kernels.spec import KernelSpec
+from kcverify.models.ir import Graph
+
+DOMAIN_NAMES = ("interval", "linear", "best", "separate")
+_RULE_MODULES = ("activation", "elementwise", "linear", "normalization", "reduce", "shape",
+                 "softmax")
+_SHAPE_ONLY = frozenset({"Shape", "Size"})
+_INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+def load_rules() -> None:
+    """Import every rule module once (each registers its rules by decorator)."""
+    import importlib
+
+    for m in _RULE_MODULES:
+        importlib.import_module(f"kcverify.bounds.rules.{m}")
+
+
+@dataclass(frozen=True)
+class Region:
+    """A set of inputs around each point: a box (L-inf ball) or an L2 ball of radius ``eps``
+    in the model's float input space or in the embedding space (output of the embedding Gather).
+    The interval domain encloses an L2 ball by its bounding box."""
+
+    space: str = "input"
+    norm: str = "linf"
+    eps: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.space not in ("input", "embedding"):
+            raise BoundError(f"region space must be 'input' or 'embedding', not {self.space!r}")
+        if self.norm not in ("linf", "l2"):
+            raise BoundError(f"region norm must be 'linf' or 'l2', not {self.norm!r}")
+        if not (self.eps >= 0 and math.isfinite(self.eps)):
+            raise BoundError(f"region eps must be a finite number >= 0, not {self.eps!r}")
+
+
+@dataclass
+class BlockRecord:
+    """One block's certificate: for inputs in ``in_state``, outputs lie in ``out_state``."""
+
+    name: str
+    digest: str
+    method: str
+    in_state: dict[str, DiffBox]
+    out_state: dict[str, DiffBox]
+
+
+@dataclass
+class DriftResult:
+    linf: np.ndarray
+    outputs: dict[str, DiffBox]
+    blocks: list[BlockRecord] = field(default_factory=list)
+    seconds: float = 0.0
+    domain: str = "interval"
+
+
+def _rule_domain(domain: str) -> str:
+    if domain not in DOMAIN_NAMES:
+        raise BoundError(f"unknown bound domain {domain!r}; expected one of {', '.join(DOMAIN_NAMES)}")
+    if domain == "linear":
+        raise BoundError("the linear-relaxation domain is not implemented yet; "
+                         "use --domain interval or best")
+    return "interval"
+
+
+def check_rules(graph: Graph, domain: str, concrete_inputs: set[str]) -> None:
+    """Raise one BoundError listing every node that has no rule and cannot be evaluated exactly."""
+    load_rules()
+    rd = _rule_domain(domain)
+    known = set(graph.constant_names()) | set(concrete_inputs)
+    missing: dict[str, list[str]] = {}
+    for n in graph.nodes:
+        ins = [i for i in n.inputs if i]
+        if n.op_type in _SHAPE_ONLY or (all(i in known for i in ins) and n.op_type in CONCRETE_OPS):
+            known.update(o for o in n.outputs if o)
+            continue
+        if (n.op_type, rd) not in RULES:
+            missing.setdefault(n.op_type, []).append(n.name)
+    if missing:
+        listing = "; ".join(f"{op} (nodes: {', '.join(repr(x) for x in names[:5])}"
+                            f"{', ...' if len(names) > 5 else ''})"
+                            for op, names in sorted(missing.items()))
+        raise BoundError(f"no bound rule in domain {rd!r} for: {listing}; "
+                         f"registered: {', '.join(registered(rd))}")
+
+
+def _is_int(graph: Graph, name: str) -> bool:
+    dt = graph.info(name).dtype
+    return dt is not None and dt in _INT_DTYPES
+
+
+def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str, Any],
+              domain: str = "interval", device: torch.device | str = "cpu",
+              region_tensors: Mapping[str, Callable[[Any], Box]] | None = None,
+              keep: set[str] | None = None) -> dict[str, Any]:
+    """Bound every node of ``graph`` from ``state`` (name -> Box | Concrete); returns the states
+    of the graph outputs (and of ``keep``). ``region_tensors``: tensors replaced, once computed,
+    by a region box around them (embedding-space regions)."""
+    rd = _rule_domain(domain)
+    separate = domain == "separate"
+    dev = torch.device(device)
+    consts = graph.constant_names()
+    st: dict[str, Any] = dict(state)
+    for name, arr in graph.initializers.items():
+        if name not in st:
+            st[name] = Concrete(torch.as_tensor(np.asarray(arr)).to(dev))
+    outs = {v.name for v in graph.outputs} | set(keep or ())
+    last_use: dict[str, int] = {}
+    for k, n in enumerate(graph.nodes):
+        for i in n.inputs:
+            if i:
+                last_use[i] = k
+    for k, n in enumerate(graph.nodes):
+        ins = [st.get(i) if i else None for i in n.inputs]
+        for i, v in zip(n.inputs, ins):
+            if i and v is None:
+                raise BoundError(f"node {n.name!r} ({n.op_type}) reads {i!r}, which has no state")
+        results = _dispatch(graph, n, ins, rd, train, inf, consts, dev, separate)
+        for o, r in zip(n.outputs, results):
+            if o:
+                if region_tensors and o in region_tensors:
+                    r = region_tensors[o](r)
+                st[o] = r
+        for i in set(n.inputs):
+            if i and last_use.get(i) == k and i not in outs and i not in graph.initializers:
+                st.pop(i, None)
+    return {o: st[o] for o in outs if o in st}
+
+
+def _dispatch(graph: Graph, n, ins: list, rd: str, train: KernelSpec, inf: KernelSpec,
+              consts: set[str], dev: torch.device, separate: bool) -> tuple:
+    where = f"{n.op_type} node {n.name!r}"
+    present = [x for x in ins if x is not None]
+    if n.op_type in _SHAPE_ONLY:
+        x = present[0]
+        val = x.value if isinstance(x, Concrete) else x.tl
+        return tuple(Concrete(v) for v in CONCRETE_OPS[n.op_type](n, graph.opset, val))
+    if all(isinstance(x, Concrete) for x in present) and n.op_type in CONCRETE_OPS:
+        from kcverify.bounds.rules.shape import ROUNDING_CONCRETE
+
+        vals = CONCRETE_OPS[n.op_type](n, graph.opset, *[x.value if x is not None else None for x in ins])
+        rounds = max((x.rounds for x in present), default=0)
+        if n.op_type in ROUNDING_CONCRETE:
+            rounds += 1
+        return tuple(Concrete(v, rounds if v.is_floating_point() else 0) for v in vals)
+    rule = RULES.get((n.op_type, rd))
+    if rule is None:
+        raise BoundError(f"{where} (opset {graph.opset}): no rule for domain {rd!r}; "
+                         f"registered: {', '.join(registered(rd))}")
+    ctx = RuleCtx(n, train, inf, consts, graph.opset, dev)
+    had_inf = any((isinstance(x, Box) and not all(bool(torch.isfinite(p).all()) for p in x.parts()))
+                  or (isinstance(x, Concrete) and x.value.is_floating_point()
+                      and not bool(torch.isfinite(x.value).all())) for x in present)
+    try:
+        out = rule(ctx, *ins)
+    except BoundError:
+        raise
+    except (RuntimeError, ValueError, IndexError) as e:
+        raise BoundError(f"{where}: rule failed: {e}") from None
+    outs = out if isinstance(out, tuple) else (out,)
+    res = []
+    for o in outs:
+        if isinstance(o, Box):
+            o = check_box(o.padded(), None, where, had_inf)
+            if separate:
+                o = Box.make(o.tl, o.th, o.il, o.ih)
+        res.append(o)
+    return tuple(res)
+
+
+# --- input sets ---------------------------------------------------------------------------
+def _stored(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, point: bool
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Value set of an input after the kernel stores it in its compute format (nearest), and the
+    bound on |stored - x|."""
+    from kcverify.bounds.casts import rne
+
+    if point:
+        q = rne(lo, spec.compute)
+        return q, q, (q - lo).abs()
+    fmt = spec.compute
+    q_lo, q_hi = rne(pad_lo(lo), fmt), rne(pad_hi(hi), fmt)
+    err = pad_hi(fmt.u * torch.maximum(lo.abs(), hi.abs()) + fmt.eta, 1e-12)
+    return q_lo, q_hi, err
+
+
+def input_box(train: KernelSpec, inf: KernelSpec, lo: torch.Tensor, hi: torch.Tensor) -> Box:
+    """The box of a float input in [lo, hi], stored by both kernels in their compute formats:
+    drift = fl_inf(x) - fl_train(x), within the two storage errors (or exact for points)."""
+    point = bool((lo == hi).all())
+    tl, th, et = _stored(train, lo, hi, point)
+    il, ih, ei = _stored(inf, lo, hi, point)
+    if point:
+        d = il - tl
+        return Box(tl, th, il, ih, d, d.clone())
+    return Box.make(tl, th, il, ih, -(et + ei), et + ei)
+
+
+def _region_bounds(x: torch.Tensor, region: Region | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if region is None or region.eps == 0:
+        return x, x
+    e = region.eps
+    return pad_lo(x - e), pad_hi(x + e)
+
+
+def _embedding_tensors(graph: Graph) -> list[str]:
+    """Outputs of Gather(constant table, non-constant indices): the token embeddings."""
+    const = graph.constant_names()
+    out = []
+    for n in graph.nodes:
+        if n.op_type == "Gather" and n.inputs[0] in const and n.inputs[1] not in const:
+            out.append(n.outputs[0])
+    return out
+
+
+def _as_feeds(graph: Graph, feeds: Any) -> dict[str, np.ndarray]:
+    if isinstance(feeds, Mapping):
+        d = {k: np.asarray(v) for k, v in feeds.items()}
+    else:
+        if len(graph.inputs) != 1:
+            raise InputFileError(f"the model has {len(graph.inputs)} inputs "
+                                 f"({', '.join(v.name for v in graph.inputs)}); give a mapping")
+        d = {graph.inputs[0].name: np.asarray(feeds)}
+    for v in graph.inputs:
+        if v.name not in d:
+            raise InputFileError(f"no input given for the model input {v.name!r}")
+    return d
+
+
+def _to_diffbox(x: Any) -> DiffBox:
+    if isinstance(x, Box):
+        return x.to_diffbox()
+    return DiffBox.point(x.value.detach().to("cpu").to(F64).numpy())
+
+
+def _from_diffbox(graph: Graph, name: str, d: DiffBox, dev: torch.device) -> Any:
+    arrays = d.arrays()
+    is_point = (np.array_equal(arrays[0], arrays[1]) and np.array_equal(arrays[2], arrays[3])
+                and np.array_equal(arrays[0], arrays[2]) and not np.any(arrays[4]) and not np.any(arrays[5]))
+    if is_point and _is_int(graph, name):
+        return Concrete(torch.as_tensor(arrays[0].astype(np.int64), device=dev))
+    return d.to_box(dev)
+
+
+# --- public API ---------------------------------------------------------------------------
+def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
+                in_state: Mapping[str, DiffBox], domain: str = "best", device: str = "cpu",
+                region_tensors: Mapping[str, Callable[[Any], Box]] | None = None
+                ) -> dict[str, DiffBox]:
+    """Bound one block (kcverify.models.blocks.Block, or anything with .graph and .outputs)
+    from the DiffBoxes of its inputs; returns the DiffBoxes of its outputs. Deterministic: the
+    checker re-runs it and checks recomputed within stored."""
+    g: Graph = block.graph
+    dev = torch.device(device)
+    concrete_inputs = {n for n, d in in_state.items() if _is_int(g, n)}
+    check_rules(g, domain, concrete_inputs)
+    st = {name: _from_diffbox(g, name, d, dev) for name, d in in_state.items()}
+    out = run_graph(g, train_spec, inf_spec, st, domain, dev, region_tensors,
+                    keep=set(getattr(block, "outputs", ())))
+    return {k: _to_diffbox(v) for k, v in out.items()}
+
+
+@dataclass
+class _WholeGraph:
+    name: str
+    kind: str
+    graph: Graph
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    digest: str
+
+
+def blocks_of(graph: Graph) -> list[Any]:
+    """The model's blocks (kcverify.models.blocks.segment), or the whole graph as one block."""
+    try:
+        from kcverify.models.blocks import segment
+    except ImportError:  # pragma: no cover - the segmenter ships with the package
+        segment = None
+    if segment is not None:
+        try:
+            return list(segment(graph))
+        except Exception:  # noqa: BLE001 - a model the segmenter cannot cut: one block
+            pass
+    return [_WholeGraph("model", "other", graph, tuple(v.name for v in graph.inputs),
+                        tuple(v.name for v in graph.outputs), graph.digest())]
+
+
+def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, feeds: Any,
+                  region: Region | None = None, domain: str = "best", device: str = "cpu",
+                  progress: Callable[[int, int, str], None] | None = None,
+                  blocks: list[Any] | None = None) -> DriftResult:
+    """Certified drift bounds between two kernels of ``graph`` for each input of the batch (or
+    for every input in the region around each). See the module docstring."""
+    t0 = time.perf_counter()
+    load_rules()
+    _rule_domain(domain)
+    dev = torch.device(device)
+    fd = _as_feeds(graph, feeds)
+    state: dict[str, DiffBox] = {}
+    for v in graph.inputs:
+        arr = fd[v.name]
+        if arr.dtype.kind in "iub":
+            state[v.name] = DiffBox.point(arr.astype(np.float64))
+            continue
+        x = torch.as_tensor(arr.astype(np.float64), device=dev)
+        lo, hi = _region_bounds(x, region if region is not None and region.space == "input" else None)
+        state[v.name] = input_box(train_spec, inf_spec, lo, hi).to_diffbox()
+    region_tensors: dict[str, Callable[[Any], Box]] = {}
+    if region is not None and region.space == "embedding" and region.eps > 0:
+        emb = _embedding_tensors(graph)
+        if not emb:
+            raise BoundError("an embedding-space region needs a Gather of a constant table by "
+                             "token ids; this model has none")
+
+        def to_region(x: Any) -> Box:
+            c = x.value.to(dev, F64) if isinstance(x, Concrete) else x.tl
+            lo, hi = _region_bounds(c, region)
+            return input_box(train_spec, inf_spec, lo, hi)
+        region_tensors = {e: to_region for e in emb}
+    blks = blocks if blocks is not None else blocks_of(graph)
+    records: list[BlockRecord] = []
+    needed_later: list[set[str]] = []
+    acc: set[str] = {v.name for v in graph.outputs}
+    for b in reversed(blks):
+        needed_later.append(set(acc))
+        acc |= set(b.inputs)
+    needed_later.reverse()
+    method = "interval" if domain != "separate" else "separate"
+    for k, b in enumerate(blks):
+        if progress is not None:
+            progress(k, len(blks), b.name)
+        ins = {name: state[name] for name in b.inputs if name in state}
+        missing = [name for name in b.inputs if name not in state]
+        if missing:
+            raise BoundError(f"block {b.name!r} reads {missing}, which no earlier block produced")
+        outs = bound_block(b, train_spec, inf_spec, ins, domain, device, region_tensors)
+        records.append(BlockRecord(b.name, b.digest, method, ins, outs))
+        state.update(outs)
+        for name in list(state):
+            if name not in needed_later[k]:
+                state.pop(name)
+    outputs = {v.name: state[v.name] for v in graph.outputs}
+    batch = next(iter(fd.values())).shape[0] if fd else 1
+    linf = np.zeros(batch)
+    for v in graph.outputs:
+        if _is_int(graph, v.name):
+            continue
+        linf = np.maximum(linf, outputs[v.name].linf())
+    return DriftResult(linf, outputs, records, time.perf_counter() - t0, domain)

@@ -1,0 +1,127 @@
+"""Activations: ReLU (ReluDiff's stable/unstable split), LeakyReLU, GELU (erf and tanh forms).
+
+ReLU: both kernels' hull >= 0 -> drift passes through; <= 0 -> drift 0; otherwise relu is
+monotone and 1-Lipschitz, so the drift lies in [min(0, dl), max(0, dh)]; always intersected with
+the value-set difference. ReLU selects a representable value: no rounding.
+
+GELU f(x) = x Phi(x) (or its tanh approximation) is quasi-convex with one minimum at x* ~ -0.752,
+so f([lo, hi]) = [f(x*) if x* may lie inside else min f(ends), max f(ends)]; f' has its extremes
+at ~ +-sqrt(2) and is monotone between them, which bounds f' over the hull for the mean-value
+drift rule. A conforming program may evaluate GELU fused (one rounding of k ulps) or through its
+decomposition (x/sqrt2, erf, 1+, x*, 0.5*); the error bound E(x) below covers both:
+erf form E = (0.5 (5 + k)|x| + 1.1|f|) u + (|x| + 2) eta, tanh form with 7 + k (the inner cubic
+adds ~2.3 u through tanh' * |w| <= 0.45 * 5u).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kcverify.bounds.box import Box, imul, mag, pad_hi, pad_lo
+from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
+
+X_STAR = {"none": -0.7517940, "tanh": -0.7524600}
+F_MIN = {"none": -0.16997120747858177, "tanh": -0.17004075057081883}
+D_AT = {"none": 1.414215, "tanh": 1.418499}
+D_MIN = {"none": -0.12890414518989493, "tanh": -0.12899306865354018}
+D_MAX = {"none": 1.1289041452108561, "tanh": 1.128993068672044}
+WINDOW = 0.01
+C_TANH = math.sqrt(2 / math.pi)
+
+
+def _relu_d(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    one, zero = torch.ones_like(lo), torch.zeros_like(lo)
+    return torch.where(lo >= 0, one, zero), torch.where(hi <= 0, zero, one)
+
+
+@bound_rule("Relu", domain=Interval)
+def relu(ctx: RuleCtx, a) -> Box:
+    """max(x, 0)."""
+    return ctx.elementwise(ctx.lift(a), lambda lo, hi: (lo.clamp_min(0), hi.clamp_min(0)),
+                           _relu_d, None)
+
+
+@bound_rule("LeakyRelu", domain=Interval)
+def leaky_relu(ctx: RuleCtx, a) -> Box:
+    alpha = float(ctx.attr("alpha", 0.01))
+    lo_s, hi_s = min(alpha, 1.0), max(alpha, 1.0)
+
+    def f(lo, hi):
+        return torch.where(lo >= 0, lo, lo * alpha), torch.where(hi >= 0, hi, hi * alpha)
+
+    def d(lo, hi):
+        a_ = torch.full_like(lo, alpha)
+        one = torch.ones_like(lo)
+        g_lo = torch.where(lo >= 0, one, torch.where(hi <= 0, a_, torch.full_like(lo, lo_s)))
+        g_hi = torch.where(lo >= 0, one, torch.where(hi <= 0, a_, torch.full_like(lo, hi_s)))
+        return g_lo, g_hi
+    return ctx.elementwise(ctx.lift(a), f, d, "mul")
+
+
+def gelu_f(x: torch.Tensor, form: str) -> torch.Tensor:
+    if form == "tanh":
+        return 0.5 * x * (1 + torch.tanh(C_TANH * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
+def gelu_df(x: torch.Tensor, form: str) -> torch.Tensor:
+    if form == "tanh":
+        t = torch.tanh(C_TANH * (x + 0.044715 * x ** 3))
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * C_TANH * (1 + 3 * 0.044715 * x * x)
+    return 0.5 * (1 + torch.erf(x / math.sqrt(2))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def gelu_range(lo: torch.Tensor, hi: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Enclosure of f([lo, hi]) (quasi-convex f)."""
+    f_lo, f_hi = gelu_f(lo, form), gelu_f(hi, form)
+    xs = X_STAR[form]
+    left = hi <= xs - WINDOW
+    right = lo >= xs + WINDOW
+    low = torch.where(left, f_hi, torch.where(right, f_lo, torch.full_like(lo, F_MIN[form] - 1e-6)))
+    return pad_lo(low, 1e-13) - 1e-300, pad_hi(torch.maximum(f_lo, f_hi), 1e-13) + 1e-300
+
+
+def gelu_drange(lo: torch.Tensor, hi: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Enclosure of f'([lo, hi]): f' is monotone between its extremes at -+D_AT."""
+    d_lo, d_hi = gelu_df(lo, form), gelu_df(hi, form)
+    g_lo, g_hi = torch.minimum(d_lo, d_hi), torch.maximum(d_lo, d_hi)
+    at = D_AT[form]
+    has_max = (lo <= at + WINDOW) & (hi >= at - WINDOW)
+    has_min = (lo <= -at + WINDOW) & (hi >= -at - WINDOW)
+    g_hi = torch.where(has_max, torch.full_like(g_hi, D_MAX[form] + 1e-6), g_hi)
+    g_lo = torch.where(has_min, torch.full_like(g_lo, D_MIN[form] - 1e-6), g_lo)
+    return g_lo - 1e-12, g_hi + 1e-12
+
+
+def gelu_box(ctx: RuleCtx, x: Box, form: str) -> Box:
+    prim = "tanh" if form == "tanh" else "erf"
+    outs = []
+    errs = []
+    for spec, lo, hi in ((ctx.train, x.tl, x.th), (ctx.inf, x.il, x.ih)):
+        f_lo, f_hi = gelu_range(lo, hi, form)
+        u, eta = spec.compute.u, spec.compute.eta
+        k = spec.ulp(prim)
+        c = (7 + k) if form == "tanh" else (5 + k)
+        err = pad_hi((0.5 * c * mag(lo, hi) + 1.1 * mag(f_lo, f_hi)) * u + (mag(lo, hi) + 2) * eta,
+                     1e-6)
+        outs += [f_lo - err, f_hi + err]
+        errs.append(err)
+        ft = (f_lo, f_hi) if spec is ctx.train else None
+        if ft is not None:
+            ft_range = ft
+    fi_range = (outs[2] + errs[1], outs[3] - errs[1])
+    h_lo, h_hi = x.hull()
+    g_lo, g_hi = gelu_drange(h_lo, h_hi, form)
+    dl, dh = imul(g_lo, g_hi, x.dl, x.dh)
+    dl = torch.maximum(pad_lo(dl), pad_lo(fi_range[0] - ft_range[1])) - errs[0] - errs[1]
+    dh = torch.minimum(pad_hi(dh), pad_hi(fi_range[1] - ft_range[0])) + errs[0] + errs[1]
+    return Box.make(outs[0], outs[1], outs[2], outs[3], dl, dh)
+
+
+@bound_rule("Gelu", domain=Interval)
+def gelu(ctx: RuleCtx, a) -> Box:
+    """Gelu (opset 20): approximate = none | tanh."""
+    form = str(ctx.attr("approximate", "none"))
+    return gelu_box(ctx, ctx.lift(a), "tanh" if form == "tanh" else "none")

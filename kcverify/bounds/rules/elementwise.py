@@ -1,0 +1,215 @@
+"""Arithmetic elementwise ops (Add, Sub, Mul, Div, Neg, Sqrt, Exp, Log, Tanh, Erf, Sigmoid, Pow,
+Reciprocal) in the differential interval domain.
+
+Every kernel's value set is the interval extension of the op, rounded by the spec's model for the
+primitive (relative ulps*u + eta). Drift rules (NeuroDiff-style): sums propagate drift directly;
+products use x_i y_i - x_t y_t = x_t (y_i - y_t) + (x_i - x_t) y_i; quotients
+x_i/y_i - x_t/y_t = dx / y_i - x_t dy / (y_i y_t); unary functions the mean-value theorem
+(f(x_i) - f(x_t) in f'(hull) * drift). Each drift is intersected with the value-set difference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kcverify.bounds.box import Box, imul, mag, mig, pad_hi, pad_lo
+from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
+from kcverify.errors import BoundError
+
+INF = float("inf")
+
+
+def _finish(ctx: RuleCtx, prim: str, ft: tuple, fi: tuple, d: tuple) -> Box:
+    tl, th, et = ctx.round(ctx.train, prim, *ft)
+    il, ih, ei = ctx.round(ctx.inf, prim, *fi)
+    return Box.make(tl, th, il, ih, d[0] - et - ei, d[1] + et + ei)
+
+
+@bound_rule("Add", domain=Interval)
+def add(ctx: RuleCtx, a, b) -> Box:
+    """a + b: values add, drifts add (one rounding per kernel)."""
+    a, b = ctx.lift(a), ctx.lift(b)
+    return _finish(ctx, "add", (a.tl + b.tl, a.th + b.th), (a.il + b.il, a.ih + b.ih),
+                   (a.dl + b.dl, a.dh + b.dh))
+
+
+@bound_rule("Sub", domain=Interval)
+def sub(ctx: RuleCtx, a, b) -> Box:
+    """a - b."""
+    a, b = ctx.lift(a), ctx.lift(b)
+    return _finish(ctx, "add", (a.tl - b.th, a.th - b.tl), (a.il - b.ih, a.ih - b.il),
+                   (a.dl - b.dh, a.dh - b.dl))
+
+
+@bound_rule("Neg", domain=Interval)
+def neg(ctx: RuleCtx, a) -> Box:
+    """-a is exact."""
+    a = ctx.lift(a)
+    return Box(-a.th, -a.tl, -a.ih, -a.il, -a.dh, -a.dl)
+
+
+def mul_box(ctx: RuleCtx, a: Box, b: Box, prim: str = "mul") -> Box:
+    ft = imul(a.tl, a.th, b.tl, b.th)
+    fi = imul(a.il, a.ih, b.il, b.ih)
+    d1 = imul(a.tl, a.th, b.dl, b.dh)
+    d2 = imul(a.dl, a.dh, b.il, b.ih)
+    return _finish(ctx, prim, ft, fi, (d1[0] + d2[0], d1[1] + d2[1]))
+
+
+@bound_rule("Mul", domain=Interval)
+def mul(ctx: RuleCtx, a, b) -> Box:
+    """a * b: x_i y_i - x_t y_t = x_t dy + dx y_i."""
+    return mul_box(ctx, ctx.lift(a), ctx.lift(b))
+
+
+def inv(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """1/[lo, hi]; the whole line when 0 is inside."""
+    zero = (lo <= 0) & (hi >= 0)
+    a, b = 1.0 / hi, 1.0 / lo
+    a = torch.where(zero, torch.full_like(a, -INF), a)
+    b = torch.where(zero, torch.full_like(b, INF), b)
+    return pad_lo(a), pad_hi(b)
+
+
+def div_box(ctx: RuleCtx, a: Box, b: Box) -> Box:
+    it, ii = inv(b.tl, b.th), inv(b.il, b.ih)
+    ft, fi = imul(a.tl, a.th, *it), imul(a.il, a.ih, *ii)
+    d1 = imul(a.dl, a.dh, *ii)
+    q = imul(*imul(a.tl, a.th, *it), *ii)
+    d2 = imul(*q, -b.dh, -b.dl)
+    return _finish(ctx, "div", ft, fi, (d1[0] + d2[0], d1[1] + d2[1]))
+
+
+@bound_rule("Div", domain=Interval)
+def div(ctx: RuleCtx, a, b) -> Box:
+    """a / b: dx / y_i - x_t dy / (y_i y_t)."""
+    return div_box(ctx, ctx.lift(a), ctx.lift(b))
+
+
+@bound_rule("Reciprocal", domain=Interval)
+def reciprocal(ctx: RuleCtx, a) -> Box:
+    b = ctx.lift(a)
+    one = torch.ones_like(b.tl)
+    return div_box(ctx, Box(one, one, one, one, 0 * one, 0 * one), b)
+
+
+# --- unary functions: value map and derivative range ------------------------------------
+def _mono(fn):
+    def f(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return pad_lo(fn(lo), 8 * 2.0**-53), pad_hi(fn(hi), 8 * 2.0**-53)
+    return f
+
+
+def _exp_d(lo, hi):
+    return torch.exp(lo), torch.exp(hi)
+
+
+def _tanh_d(lo, hi):
+    m = mig(lo, hi)
+    big = mag(lo, hi)
+    return 1 - torch.tanh(big) ** 2, 1 - torch.tanh(m) ** 2
+
+
+def _erf_d(lo, hi):
+    c = 2 / math.sqrt(math.pi)
+    return c * torch.exp(-mag(lo, hi) ** 2), c * torch.exp(-mig(lo, hi) ** 2)
+
+
+def _sig_d(lo, hi):
+    s_big = torch.sigmoid(mag(lo, hi))
+    s_small = torch.sigmoid(mig(lo, hi))
+    return s_big * (1 - s_big), s_small * (1 - s_small)
+
+
+def _sqrt_f(lo, hi):
+    if bool((lo < 0).any()):
+        lo = lo.clamp_min(0.0)
+    return pad_lo(torch.sqrt(lo)), pad_hi(torch.sqrt(hi.clamp_min(0.0)))
+
+
+def _sqrt_d(lo, hi):
+    lo = lo.clamp_min(0.0)
+    return 0.5 / torch.sqrt(hi.clamp_min(0.0)), torch.where(lo > 0, 0.5 / torch.sqrt(lo),
+                                                           torch.full_like(lo, INF))
+
+
+def _log_f(lo, hi):
+    return pad_lo(torch.log(lo.clamp_min(0.0))), pad_hi(torch.log(hi.clamp_min(0.0)))
+
+
+def _log_d(lo, hi):
+    return 1.0 / hi.clamp_min(0.0), torch.where(lo > 0, 1.0 / lo, torch.full_like(lo, INF))
+
+
+def _check_sqrt_domain(ctx: RuleCtx, x: Box) -> None:
+    if bool(((x.tl < 0) | (x.il < 0)).any()):
+        # sqrt of a possibly negative value: NaN in a conforming program
+        raise BoundError(f"{ctx.node.op_type} node {ctx.node.name!r}: argument may be negative; "
+                         f"cannot bound sqrt/log of it")
+
+
+@bound_rule("Exp", domain=Interval)
+def exp(ctx: RuleCtx, a) -> Box:
+    return ctx.elementwise(ctx.lift(a), _mono(torch.exp), _exp_d, "exp")
+
+
+@bound_rule("Tanh", domain=Interval)
+def tanh(ctx: RuleCtx, a) -> Box:
+    return ctx.elementwise(ctx.lift(a), _mono(torch.tanh), _tanh_d, "tanh")
+
+
+@bound_rule("Erf", domain=Interval)
+def erf(ctx: RuleCtx, a) -> Box:
+    return ctx.elementwise(ctx.lift(a), _mono(torch.erf), _erf_d, "erf")
+
+
+@bound_rule("Sigmoid", domain=Interval)
+def sigmoid(ctx: RuleCtx, a) -> Box:
+    return ctx.elementwise(ctx.lift(a), _mono(torch.sigmoid), _sig_d, "sigmoid")
+
+
+@bound_rule("Sqrt", domain=Interval)
+def sqrt(ctx: RuleCtx, a) -> Box:
+    x = ctx.lift(a)
+    _check_sqrt_domain(ctx, x)
+    return ctx.elementwise(x, _sqrt_f, _sqrt_d, "sqrt")
+
+
+@bound_rule("Log", domain=Interval)
+def log(ctx: RuleCtx, a) -> Box:
+    x = ctx.lift(a)
+    _check_sqrt_domain(ctx, x)
+    return ctx.elementwise(x, _log_f, _log_d, "log")
+
+
+def _sq_f(lo, hi):
+    return pad_lo(mig(lo, hi) ** 2), pad_hi(mag(lo, hi) ** 2)
+
+
+def _sq_d(lo, hi):
+    return 2 * lo, 2 * hi
+
+
+@bound_rule("Pow", domain=Interval)
+def pow_(ctx: RuleCtx, a, p) -> Box:
+    """x ** p for a constant p in {1, 2, 0.5, 3}."""
+    from kcverify.bounds.box import Concrete
+
+    if not isinstance(p, Concrete) or p.value.numel() != 1:
+        raise BoundError(f"Pow node {ctx.node.name!r}: exponent must be a constant scalar")
+    e = float(p.value.reshape(()))
+    x = ctx.lift(a)
+    if e == 1.0:
+        return x
+    if e == 2.0:
+        return ctx.elementwise(x, _sq_f, _sq_d, "pow")
+    if e == 0.5:
+        _check_sqrt_domain(ctx, x)
+        return ctx.elementwise(x, _sqrt_f, _sqrt_d, "pow")
+    if e == 3.0:
+        return ctx.elementwise(x, _mono(lambda t: t ** 3),
+                               lambda lo, hi: (3 * mig(lo, hi) ** 2, 3 * mag(lo, hi) ** 2), "pow")
+    raise BoundError(f"Pow node {ctx.node.name!r}: exponent {e} not supported "
+                     f"(supported: 0.5, 1, 2, 3)")

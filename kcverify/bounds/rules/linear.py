@@ -1,0 +1,143 @@
+"""MatMul and Gemm under the kernel error model (DESIGN 1.1).
+
+Per kernel: constant operands (graph.constant_names) are weights, cast exactly by the spec's
+``weights`` (casts.weight_cast; otherwise the hull of W and its compute-format rounding), the
+others activations, cast by ``activations`` with the exact round-to-nearest image on intervals
+(casts.activation_cast). Products are exact, the length-n accumulation in any order adds
+gamma_n(u_acc) * sum |a_i b_i| <= gamma_n |A| @ |B|, and the result is rescaled and rounded to the
+compute format (two roundings allowed). Value sets: interval matmul (midpoint-radius, float64
+error included).
+
+Drift: with A_k, B_k the cast operands of kernel k,
+A_i B_i - A_t B_t = (A_i - A_t) B_i + A_t (B_i - B_t), where A_i - A_t = dA + e_i - e_t (the input
+drift plus both cast errors, each bounded by the cast image minus the operand's value set or the
+relative model), which covers (Q_i(W) - Q_t(W)) x for weights; plus both accumulation and
+rounding errors; intersected with the value-set difference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kcverify.bounds.box import Box, Concrete, imatmul, pad_hi, pad_lo
+from kcverify.bounds.casts import activation_cast, rne, weight_cast
+from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
+from kcverify.kernels.formats import gamma
+from kcverify.kernels.spec import KernelSpec
+
+
+def _operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tensor, weight: bool,
+             side: str, out_axis: int, k_axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Value set of kernel ``spec``'s cast operand."""
+    deq = spec.accumulate.u
+    if weight and spec.weights is not None:
+        if isinstance(x, Concrete) and x.rounds == 0:
+            return weight_cast(x.value.to(lo.device), spec.weights, spec.rounding, out_axis,
+                               k_axis, deq)
+        # a computed constant: cast its value set
+        c_lo, c_hi = weight_cast(lo, spec.weights, spec.rounding, out_axis, k_axis, deq)
+        d_lo, d_hi = weight_cast(hi, spec.weights, spec.rounding, out_axis, k_axis, deq)
+        return torch.minimum(c_lo, d_lo), torch.maximum(c_hi, d_hi)
+    if not weight and spec.activations is not None:
+        return activation_cast(lo, hi, spec.activations, spec.rounding, side, deq)
+    if weight and isinstance(x, Concrete):
+        # stored in the compute format: W itself or its round-to-nearest neighbour
+        w = x.value.to(lo.device, torch.float64)
+        if spec.rounding == "nearest":
+            q = rne(w, spec.compute)
+            return torch.minimum(torch.minimum(w, q), lo), torch.maximum(torch.maximum(w, q), hi)
+    return lo, hi
+
+
+def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
+               b_out_axis: int = -1, b_k_axis: int = -2) -> Box:
+    """(Cast A) @ (cast B) accumulated in any order and rounded, for both kernels, with drift."""
+    A, B = ctx.lift(a), ctx.lift(b)
+    n = A.shape[-1]
+    vals, errs, ops = [], [], []
+    for k, spec in enumerate(ctx.kernels):
+        a_lo, a_hi = (A.tl, A.th) if k == 0 else (A.il, A.ih)
+        b_lo, b_hi = (B.tl, B.th) if k == 0 else (B.il, B.ih)
+        ca = _operand(ctx, spec, a, a_lo, a_hi, a_weight, "left", -2, -1)
+        cb = _operand(ctx, spec, b, b_lo, b_hi, b_weight, "right", b_out_axis, b_k_axis)
+        lo, hi, magn = imatmul(*ca, *cb)
+        acc = gamma(n, spec.accumulate.u) * magn
+        lo, hi = lo - acc, hi + acc
+        lo, hi, rnd = ctx.round(spec, "mul", lo, hi, steps=2)
+        vals += [lo, hi]
+        errs.append(pad_hi(acc + rnd))
+        ops.append((ca, cb))
+    # drift: (A_i - A_t) B_i + A_t (B_i - B_t)
+    (ca_t, cb_t), (ca_i, cb_i) = ops
+    da = _cast_drift(A, ca_t, ca_i)
+    db = _cast_drift(B, cb_t, cb_i)
+    d1_lo, d1_hi, _ = imatmul(*da, *cb_i)
+    d2_lo, d2_hi, _ = imatmul(*ca_t, *db)
+    dl = pad_lo(d1_lo + d2_lo) - errs[0] - errs[1]
+    dh = pad_hi(d1_hi + d2_hi) + errs[0] + errs[1]
+    return Box.make(*vals, dl, dh)
+
+
+def _cast_drift(X: Box, ct: tuple[torch.Tensor, torch.Tensor], ci: tuple[torch.Tensor, torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Enclosure of cast_i(x_i) - cast_t(x_t): drift + (cast_i(x_i) - x_i) - (cast_t(x_t) - x_t),
+    each cast error bounded by (cast image) - (value set); intersected with the images' difference."""
+    ei_lo, ei_hi = ci[0] - X.ih, ci[1] - X.il
+    et_lo, et_hi = ct[0] - X.th, ct[1] - X.tl
+    point_i = bool(((X.ih - X.il) == 0).all())
+    point_t = bool(((X.th - X.tl) == 0).all())
+    lo = X.dl + (ei_lo if not point_i else ci[0] - X.il) - (et_hi if not point_t else ct[1] - X.tl)
+    hi = X.dh + (ei_hi if not point_i else ci[1] - X.ih) - (et_lo if not point_t else ct[0] - X.th)
+    lo = torch.maximum(pad_lo(lo), pad_lo(ci[0] - ct[1]))
+    hi = torch.minimum(pad_hi(hi), pad_hi(ci[1] - ct[0]))
+    return torch.nan_to_num(lo, nan=-float("inf")), torch.nan_to_num(hi, nan=float("inf"))
+
+
+@bound_rule("MatMul", domain=Interval)
+def matmul(ctx: RuleCtx, a, b) -> Box:
+    """numpy.matmul semantics; 1-D operands are promoted and the added axis removed."""
+    A, B = ctx.lift(a), ctx.lift(b)
+    squeeze = []
+    if len(A.shape) == 1:
+        a = A.map(lambda t: t.unsqueeze(0))
+        squeeze.append(-2)
+    if len(B.shape) == 1:
+        b = B.map(lambda t: t.unsqueeze(-1))
+        squeeze.append(-1)
+    aw, bw = ctx.node.inputs[0] in ctx.constants, ctx.node.inputs[1] in ctx.constants
+    y = matmul_box(ctx, a if isinstance(a, Concrete) and not squeeze else ctx.lift(a),
+                   b if isinstance(b, Concrete) and not squeeze else ctx.lift(b), aw, bw)
+    for d in squeeze:
+        y = y.map(lambda t, d=d: t.squeeze(d))
+    return y
+
+
+@bound_rule("Gemm", domain=Interval)
+def gemm(ctx: RuleCtx, a, b, c=None) -> Box:
+    """alpha * A' B' + beta * C (A' = A^T if transA, B' = B^T if transB); the matmul is cast,
+    accumulated and rounded as above, alpha/beta/bias each one rounding."""
+    from kcverify.bounds.rules.elementwise import add as add_rule
+    from kcverify.bounds.rules.elementwise import mul_box
+
+    ta, tb = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+
+    def tr(x, flag: int):
+        if not flag:
+            return x
+        if isinstance(x, Concrete):
+            return Concrete(x.value.transpose(0, 1), x.rounds)
+        return x.map(lambda t: t.transpose(0, 1))
+    aw, bw = ctx.node.inputs[0] in ctx.constants, ctx.node.inputs[1] in ctx.constants
+    # per-channel weights: the output feature is B's axis 0 when transB (before transposing)
+    y = matmul_box(ctx, tr(a, ta), tr(b, tb), aw, bw)
+    if alpha != 1.0:
+        s = torch.full((), alpha, dtype=torch.float64)
+        y = mul_box(ctx, y, ctx.lift(Concrete(s)))
+    if c is not None and beta != 0.0:
+        cb = ctx.lift(c)
+        if beta != 1.0:
+            s = torch.full((), beta, dtype=torch.float64)
+            cb = mul_box(ctx, cb, ctx.lift(Concrete(s)))
+        y = add_rule(ctx, y, cb)
+    return y

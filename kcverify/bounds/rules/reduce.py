@@ -1,0 +1,85 @@
+"""ReduceSum / ReduceMean / ReduceMax / ReduceMin.
+
+A sum of n terms in any order, in the compute (or a wider accumulator) format, is within
+gamma_n(u) * sum |x| of the exact sum (u the larger of the two unit roundoffs); a mean adds one
+division. Drift: sum of drifts plus both kernels' errors. Max/min are monotone selections
+(1-Lipschitz in L-inf): drift within [min dl, max dh] of the reduced group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kcverify.bounds.box import Box, Concrete, fsum, mag
+from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
+from kcverify.kernels.formats import gamma
+
+
+def _axes(ctx: RuleCtx, x: Box, axes) -> tuple[int, ...]:
+    if isinstance(axes, Concrete):
+        ax = [int(a) for a in axes.value.reshape(-1).tolist()]
+    else:
+        ax = ctx.attr("axes")
+    if not ax:
+        if int(ctx.attr("noop_with_empty_axes", 0)):
+            return ()
+        return tuple(range(len(x.shape)))
+    return tuple(sorted(int(a) % len(x.shape) for a in ax))
+
+
+def _reduce_sum(ctx: RuleCtx, x: Box, dims: tuple[int, ...], keep: bool, mean: bool) -> Box:
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    vals, errs = [], []
+    for spec, lo, hi in ((ctx.train, x.tl, x.th), (ctx.inf, x.il, x.ih)):
+        s_lo, s_hi = fsum(lo, hi, dims, keepdim=keep)
+        g = gamma(n, spec.accumulate.u)  # any order in the accumulator; ctx.round adds the rest
+        acc = g * mag(lo, hi).sum(dims, keepdim=keep) * (1 + 1e-9) + n * spec.accumulate.eta
+        s_lo, s_hi = s_lo - acc, s_hi + acc
+        if mean:
+            s_lo, s_hi = s_lo / n, s_hi / n
+            acc = acc / n
+        lo2, hi2, r = ctx.round(spec, "reduce", s_lo, s_hi, steps=2 if mean else 1)
+        vals += [lo2, hi2]
+        errs.append(acc + r)
+    d_lo, d_hi = fsum(x.dl, x.dh, dims, keepdim=keep)
+    if mean:
+        d_lo, d_hi = d_lo / n, d_hi / n
+    return Box.make(*vals, d_lo - errs[0] - errs[1], d_hi + errs[0] + errs[1])
+
+
+@bound_rule("ReduceSum", domain=Interval)
+def reduce_sum(ctx: RuleCtx, x, axes=None) -> Box:
+    b = ctx.lift(x)
+    dims = _axes(ctx, b, axes)
+    return _reduce_sum(ctx, b, dims, bool(int(ctx.attr("keepdims", 1))), mean=False) if dims else b
+
+
+@bound_rule("ReduceMean", domain=Interval)
+def reduce_mean(ctx: RuleCtx, x, axes=None) -> Box:
+    b = ctx.lift(x)
+    dims = _axes(ctx, b, axes)
+    return _reduce_sum(ctx, b, dims, bool(int(ctx.attr("keepdims", 1))), mean=True) if dims else b
+
+
+def _reduce_sel(ctx: RuleCtx, x, axes, fn) -> Box:
+    b = ctx.lift(x)
+    dims = _axes(ctx, b, axes)
+    keep = bool(int(ctx.attr("keepdims", 1)))
+    if not dims:
+        return b
+    parts = [fn(p, dims, keep) for p in b.parts()[:4]]
+    dl = b.dl.amin(dim=dims, keepdim=keep)
+    dh = b.dh.amax(dim=dims, keepdim=keep)
+    return Box.make(*parts, dl, dh)
+
+
+@bound_rule("ReduceMax", domain=Interval)
+def reduce_max(ctx: RuleCtx, x, axes=None) -> Box:
+    return _reduce_sel(ctx, x, axes, lambda t, d, k: torch.amax(t, dim=d, keepdim=k))
+
+
+@bound_rule("ReduceMin", domain=Interval)
+def reduce_min(ctx: RuleCtx, x, axes=None) -> Box:
+    return _reduce_sel(ctx, x, axes, lambda t, d, k: torch.amin(t, dim=d, keepdim=k))

@@ -1,0 +1,131 @@
+"""Softmax in the differential interval domain.
+
+Exact softmax over a box (per row): p_j is increasing in x_j and decreasing in every other x_k,
+so p_j in [a_j / (a_j + sum_{k!=j} b_k), b_j / (b_j + sum_{k!=j} a_k)] with a = exp(lo - M),
+b = exp(hi - M), M = max hi (any common shift).
+
+A conforming program subtracts its own row max m, evaluates exp with k ulps, sums in any order,
+divides (DESIGN 1.1). Rescaled to the frame M, each e_k carries relative error
+rho = (1 + k u) exp(u |x_k - m|) - 1 (+ eta), the sum gamma_n, the division (and a fused output
+rounding) max(ulps) u; since sum_k p_k (1 + theta_k) lies in [1 - rho, 1 + rho], the realised p_j
+is within relative tau = (1 + rho)(1 + ku)/((1 - rho)(1 - gamma)) - 1 of the exact softmax at the
+same input, plus (n + 2) eta / (exp(max lo - M)(1 - rho)) absolute.
+
+Drift (mean-value theorem per component): dp_j = p_j(xi) (dx_j - sum_k p_k(xi) dx_k) for some xi
+in the hull, and sum_k p_k dx_k lies in [min_k dl_k, max_k dh_k] (p is in the simplex) and in
+sum_k P_k * [dl_k, dh_k]. Masked entries (-inf in both kernels) give exactly 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kcverify.bounds.box import U64, Box, imul, pad_hi, pad_lo
+from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
+from kcverify.kernels.formats import gamma
+from kcverify.kernels.spec import KernelSpec
+
+INF = float("inf")
+
+
+def softmax_range(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact softmax enclosure along the last axis; also returns exp(max lo - max hi)."""
+    n = lo.shape[-1]
+    big = hi.amax(-1, keepdim=True)
+    big = torch.where(torch.isfinite(big), big, torch.zeros_like(big))
+    a = pad_lo(torch.exp(lo - big), 8 * U64).clamp_min(0.0)
+    b = pad_hi(torch.exp(hi - big), 8 * U64)
+    ta, tb = a.sum(-1, keepdim=True), b.sum(-1, keepdim=True)
+    ea, eb = (n + 2) * U64 * ta, (n + 2) * U64 * tb
+    rest_b = (tb - b) + eb + 2 * U64 * tb  # >= sum_{k!=j} b_k
+    rest_a = ((ta - a) - ea - 2 * U64 * ta).clamp_min(0.0)  # <= sum_{k!=j} a_k
+    p_lo = a / (a + rest_b)
+    p_hi = b / (b + rest_a)
+    p_lo = torch.nan_to_num(pad_lo(p_lo, 8 * U64), nan=0.0).clamp_min(0.0)
+    p_hi = torch.nan_to_num(pad_hi(p_hi, 8 * U64), nan=1.0).clamp_max(1.0)
+    d_min = torch.exp(lo.amax(-1, keepdim=True) - big)
+    return p_lo, p_hi, d_min
+
+
+def realized_error(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, p_hi: torch.Tensor,
+                   d_min: torch.Tensor) -> torch.Tensor:
+    """|p_realized - softmax(x)| bound for x in [lo, hi] (see module doc)."""
+    n = lo.shape[-1]
+    u, eta = spec.compute.u, spec.compute.eta
+    k_exp = spec.ulp("exp")
+    k_out = max(spec.ulp("div"), spec.ulp("exp"), 1.0)
+    m_lo = lo.amax(-1, keepdim=True)
+    m_hi = hi.amax(-1, keepdim=True)
+    fin = torch.isfinite(lo)
+    z = torch.maximum((m_hi - lo).abs(), (hi - m_lo).abs())
+    z = torch.where(fin, z, torch.zeros_like(z))
+    rho = ((1 + k_exp * u) * torch.exp(u * z.amax(-1, keepdim=True)) - 1) * (1 + 1e-6)
+    # the row sum: any order in the accumulator format, then one rounding ("reduce" ulps)
+    g = (1 + gamma(n + 1, spec.accumulate.u)) * (1 + spec.ulp("reduce") * u) - 1 + n * eta
+    tau = (1 + rho) * (1 + k_out * u) / ((1 - rho) * (1 - g)) - 1
+    absd = (n + 2) * eta / (d_min * (1 - rho)) + eta
+    err = pad_hi(tau * p_hi + absd, 1e-6)
+    return torch.where(rho < 0.5, err, torch.ones_like(err))
+
+
+def softmax_box(ctx: RuleCtx, x: Box) -> Box:
+    parts = []
+    exact = []
+    errs = []
+    for spec, lo, hi in ((ctx.train, x.tl, x.th), (ctx.inf, x.il, x.ih)):
+        p_lo, p_hi, d_min = softmax_range(lo, hi)
+        err = realized_error(spec, lo, hi, p_hi, d_min)
+        exact.append((p_lo, p_hi))
+        errs.append(err)
+        parts += [(p_lo - err).clamp_min(-spec.compute.eta), (p_hi + err).clamp_max(1 + err)]
+    # drift: mean-value theorem over the hull
+    h_lo, h_hi = x.hull()
+    P_lo, P_hi, _ = softmax_range(h_lo, h_hi)
+    fin = torch.isfinite(h_lo) | torch.isfinite(h_hi)
+    dl = torch.where(fin, x.dl, torch.zeros_like(x.dl))
+    dh = torch.where(fin, x.dh, torch.zeros_like(x.dh))
+    s1_lo = dl.amin(-1, keepdim=True)
+    s1_hi = dh.amax(-1, keepdim=True)
+    w_lo, w_hi = imul(P_lo, P_hi, dl, dh)
+    n = dl.shape[-1]
+    s2_lo = w_lo.sum(-1, keepdim=True)
+    s2_hi = w_hi.sum(-1, keepdim=True)
+    s2_lo = s2_lo - (n + 2) * U64 * w_lo.abs().sum(-1, keepdim=True)
+    s2_hi = s2_hi + (n + 2) * U64 * w_hi.abs().sum(-1, keepdim=True)
+    s_lo, s_hi = torch.maximum(s1_lo, s2_lo), torch.minimum(s1_hi, s2_hi)
+    q_lo, q_hi = pad_lo(dl - s_hi), pad_hi(dh - s_lo)
+    g_lo, g_hi = imul(P_lo, P_hi, q_lo, q_hi)
+    masked = ~fin
+    zero = torch.zeros_like(g_lo)
+    g_lo = torch.where(masked, zero, g_lo)
+    g_hi = torch.where(masked, zero, g_hi)
+    vd_lo = exact[1][0] - exact[0][1]
+    vd_hi = exact[1][1] - exact[0][0]
+    d_lo = torch.maximum(pad_lo(g_lo), pad_lo(vd_lo)) - errs[0] - errs[1]
+    d_hi = torch.minimum(pad_hi(g_hi), pad_hi(vd_hi)) + errs[0] + errs[1]
+    return Box.make(*parts, d_lo, d_hi)
+
+
+def _axis(ctx: RuleCtx, rank: int) -> tuple[int, bool]:
+    """(axis, coerce2d): opset < 13 flattens [axis:] into one axis (default 1)."""
+    if ctx.opset < 13:
+        return int(ctx.attr("axis", 1)) % rank, True
+    return int(ctx.attr("axis", -1)) % rank, False
+
+
+@bound_rule("Softmax", domain=Interval)
+def softmax(ctx: RuleCtx, a) -> Box:
+    """Softmax along ``axis``."""
+    x = ctx.lift(a)
+    shape = x.shape
+    axis, coerce = _axis(ctx, len(shape))
+    if coerce:
+        lead = 1
+        for s in shape[:axis]:
+            lead *= s
+        y = softmax_box(ctx, x.map(lambda t: t.reshape(lead, -1)))
+        return y.map(lambda t: t.reshape(shape))
+    if axis != len(shape) - 1:
+        y = softmax_box(ctx, x.map(lambda t: t.movedim(axis, -1)))
+        return y.map(lambda t: t.movedim(-1, axis).contiguous())
+    return softmax_box(ctx, x)

@@ -40,6 +40,8 @@ SLICE_KEYS = ("inputs", "where", "region")
 REGION_KEYS = ("space", "norm", "eps")
 MODEL_KEYS = ("onnx", "sha256")
 KERNELS = ("train", "inf")
+# Per-input fields a slice's where may test (kcverify.empirical.slices computes them).
+WHERE_FIELDS = {"len": "number", "index": "number", "label": "number"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
@@ -212,7 +214,7 @@ class _Loader:
             where = None
             if spec.get("where") is not None:
                 where = self.expr(spec["where"], (*p, "where"), "where")
-                check_condition(where, self.file, (), {"len": "number"}, "a slice's where")
+                check_condition(where, self.file, (), WHERE_FIELDS, "a slice's where")
             region = self.region(spec["region"], (*p, "region")) if "region" in spec else None
             line, col = self.src.key_at(p)
             out[str(name)] = Slice(str(name), inputs, where, region, line=line, column=col)

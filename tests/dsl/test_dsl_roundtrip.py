@@ -117,3 +117,22 @@ def test_examples_round_trip() -> None:
 def test_dsl_does_not_import_torch() -> None:
     code = "import kcverify.dsl, kcverify.commands.lint, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _contracts() -> list[Path]:
+    return (sorted((ROOT / "examples" / "contracts").glob("*.yaml"))
+            + sorted((ROOT / "tests" / "dsl" / "cases" / "ok").glob("*.yaml")))
+
+
+@pytest.mark.parametrize("path", _contracts(), ids=lambda p: p.stem)
+def test_contract_printer_round_trip(path: Path) -> None:
+    from dataclasses import replace
+
+    from kcverify.dsl import parse_contract
+    from kcverify.dsl.printer import contract_to_yaml
+
+    c = load_contract(path)
+    text = contract_to_yaml(c)
+    back = parse_contract(text, str(path))
+    assert replace(back, sha256=c.sha256) == c
+    assert contract_to_yaml(back) == text

@@ -97,7 +97,7 @@ class Checker:
             known = sorted(env)
             listing = (f"; in scope: {', '.join(known)}" if known else
                        f"; bind it first, e.g. 'forall {e.name} in SLICE: ...'")
-            raise self.fail(e, f"undefined variable {e.name!r}{listing}")
+            raise self.fail(e, f"undefined variable {e.name!r}{suggest(e.name, known)}{listing}")
         if isinstance(e, Neg):
             t = self.type_of(e.operand, env)
             if t not in ("number", "vector"):

@@ -139,7 +139,7 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
 
     # 5. the contract's clauses
     if contract is not None:
-        problems += _compare_contract(contract, pred)
+        problems += _compare_contract(contract, pred, _model_outputs(model_path))
 
     # 2-4. proof trees
     if expected_chain is None or graph_inputs is None:
@@ -173,7 +173,10 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
     return CheckReport(not problems, problems, notes, stmt)
 
 
-def _compare_contract(contract: Any, pred: Mapping[str, Any]) -> list[str]:
+def _compare_contract(contract: Any, pred: Mapping[str, Any],
+                      outputs: set[str] | None = None) -> list[str]:
+    """The certificate's clauses are the contract's (ids, hardness), and each proved clause's
+    proof establishes the clause's numerical queries (kcverify.dsl.numerical_queries)."""
     problems = []
     for key in ("name", "version"):
         have = getattr(contract, key, None)
@@ -193,10 +196,92 @@ def _compare_contract(contract: Any, pred: Mapping[str, Any]) -> list[str]:
         if hard is not None and bool(hard) != in_cert[cid]["hard"]:
             problems.append(f"clause {cid}: the certificate marks it hard={in_cert[cid]['hard']}, "
                             f"the contract hard={bool(hard)}")
+        c = in_cert[cid]
+        if c["verdict"] == "proved" and c.get("proof") is not None:
+            problems += [f"clause {cid}: {p}" for p in _proves_queries(cl, c["proof"], outputs)]
     for cid in in_cert:
         if cid not in ids:
             problems.append(f"clause {cid}: in the certificate, not in the contract")
     return problems
+
+
+# DSL quantity (kcverify.dsl.analysis) -> the conclusion quantity of the rules that bound it
+QUANTITY_OF = {"logit_linf": "linf_drift", "logit_l2": "l2_drift", "logprob_abs": "logprob_drift",
+               "ratio_dev": "ratio_dev", "tv": "tv", "kl": "kl", "top1_agree": "top1_agreement"}
+_T_DEPENDENT = {"logprob_abs", "ratio_dev", "tv", "kl"}
+_FINE_STATS = {("upper", "max"): (None, "max"), ("upper", "mean"): (None, "max", "mean"),
+               ("lower", "max"): (None, "min"), ("lower", "mean"): (None, "min", "mean")}
+
+
+def _model_outputs(model_path: str | os.PathLike[str]) -> set[str] | None:
+    try:
+        from kcverify.models.ir import load_onnx
+
+        return {v.name for v in load_onnx(model_path).outputs}
+    except Exception:  # noqa: BLE001 - the digest check reports an unreadable model
+        return None
+
+
+def _proves_queries(clause: Any, proof: Mapping[str, Any], outputs: set[str] | None) -> list[str]:
+    """Problems unless every numerical query of the contract clause is established by a part of
+    the proof: same quantity, slice, temperature, a statistic that bounds the query's aggregate,
+    and a proved bound that meets the contract's own comparison and threshold."""
+    try:
+        from kcverify.dsl import numerical_queries
+    except ImportError:
+        return []
+    queries = numerical_queries(clause)
+    if not queries:
+        return []
+    root = proof.get("conclusion", {})
+    parts = root.get("parts", [root]) if isinstance(root, Mapping) else []
+    problems = []
+    for q in queries:
+        want = QUANTITY_OF.get(q.quantity)
+        why = []
+        for part in parts:
+            w = _part_mismatch(q, want, part, outputs)
+            if not w:
+                break
+            why.append(w)
+        else:
+            problems.append(f"the proof does not establish '{q.aggregate} {q.quantity} over "
+                            f"{q.slice} {q.op} {q.threshold!r}' ({'; '.join(why) or 'no parts'})")
+    return problems
+
+
+def _part_mismatch(q: Any, want: str | None, part: Mapping[str, Any],
+                   outputs: set[str] | None) -> str | None:
+    if want is None:
+        return f"quantity {q.quantity!r} is not certifiable by the registered rules"
+    if part.get("quantity") != want:
+        return f"it bounds {part.get('quantity')!r}, not {want!r}"
+    if part.get("slice") != q.slice:
+        return f"it is over slice {part.get('slice')!r}, not {q.slice!r}"
+    if outputs is not None and part.get("tensor") not in outputs:
+        return f"its tensor {part.get('tensor')!r} is not a model output"
+    if q.quantity in _T_DEPENDENT and (part.get("temperature") is None
+                                       or unfx(part["temperature"]) != float(q.temperature)):
+        return f"it is at temperature {part.get('temperature')!r}, not {q.temperature!r}"
+    direction = "upper" if q.op in ("<=", "<") else "lower"
+    if _OPS_DIR.get(part.get("op")) != direction:
+        return f"it compares with {part.get('op')!r}, the clause with {q.op!r}"
+    agg = q.aggregate if q.aggregate in ("max", "mean") else "pq"
+    fine = _FINE_STATS.get((direction, agg), (None, "max" if direction == "upper" else "min",
+                                              q.aggregate))
+    if part.get("stat") not in fine:
+        return f"its statistic {part.get('stat')!r} does not bound the clause's {q.aggregate!r}"
+    keep = part.get("keep", 1)
+    if part.get("stat") not in (None, "max", "min") and keep != (2 if q.per_position else 1):
+        return (f"its {part.get('stat')} is over {'positions' if keep == 2 else 'inputs'}, the "
+                f"clause's over {'positions' if q.per_position else 'inputs'}")
+    bound = unfx(part["bound"][0]) if isinstance(part.get("bound"), list) else None
+    if bound is None or not _CMP[q.op](bound, float(q.threshold)):
+        return f"its bound {bound!r} {q.op} {q.threshold!r} does not hold"
+    return None
+
+
+_OPS_DIR = {"<=": "upper", "<": "upper", ">=": "lower", ">": "lower"}
 
 
 def _check_tree(node: dict[str, Any], ctx: RuleContext, path: str, used: set[str]) -> list[str]:
@@ -234,6 +319,8 @@ def _check_clause(c: dict[str, Any], ctx: RuleContext, used: set[str]) -> list[s
             return [*problems, f"{where}: verdict 'proved' without a proof tree"]
         if root.get("holds") is not True:
             return [*problems, f"{where}: the proof's conclusion does not state that the clause holds"]
+        if "parts" in root:  # a conjunction: each part is a checked threshold application
+            return problems
         if thr is None or root.get("threshold") is None or unfx(root["threshold"]) != thr:
             problems.append(f"{where}: the proof's threshold {root.get('threshold')!r} is not the "
                             f"clause's {c.get('threshold')!r}")

@@ -227,6 +227,9 @@ def _linf_premise(premises: list[dict[str, Any]], rule: str) -> tuple[list[float
     return _numeric(premises[0], rule, "linf_drift", "upper"), premises[0]
 
 
+CARRIED = ("tensor", "slice", "keep")  # what identifies a numeric conclusion along a chain
+
+
 def _carry(c: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: c[k] for k in keys if k in c}
 
@@ -276,7 +279,8 @@ class Sequential(Rule):
     Valid iff for every tensor t that B_{i+1} assumes: t is produced by an earlier B_j and
     in_{i+1}(t) ⊇ out_j(t), or t is a model input and in_{i+1}(t) ⊇ X(t). Then every tensor t
     listed in the conclusion lies in out_j(t) of its (last) producer B_j. A block that the chain
-    needs but lacks shows up as an input nobody produces.
+    needs but lacks shows up as an input nobody produces. params: inputs (X), outputs, and
+    optionally slice (the contract slice X comes from; carried into every derived conclusion).
     """
 
     def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
@@ -327,15 +331,21 @@ class Sequential(Rule):
         missing = [o for o in outputs if o not in produced]
         if missing:
             raise RuleError(f"sequential: no block produces {missing}")
-        return {"kind": "state", "outputs": {o: produced[o] for o in outputs}}
+        out: dict[str, Any] = {"kind": "state", "outputs": {o: produced[o] for o in outputs}}
+        if "slice" in params:
+            if not isinstance(params["slice"], str):
+                raise RuleError("sequential: params.slice must name the contract's slice")
+            out["slice"] = params["slice"]
+        return out
 
 
 @register_rule("linf-from-state")
 class LinfFromState(Rule):
-    """δ_i = max_k max(|drift_lo[i,k]|, |drift_hi[i,k]|) for tensor t of a state, per input i.
+    """δ_e = max over the remaining axes of max(|drift_lo|, |drift_hi|) for tensor t of a state.
 
-    Since z_inf − z_train ∈ [drift_lo, drift_hi] elementwise, ‖z_inf(x_i) − z_train(x_i)‖∞ ≤ δ_i
-    (max and abs are exact in floating point).
+    Since z_inf − z_train ∈ [drift_lo, drift_hi] elementwise, ‖z_inf − z_train‖∞ ≤ δ_e on each
+    element e (max and abs are exact in floating point). params.keep = 1 (default): one bound per
+    input (axis 0); keep = 2: one per (input, position) (axes 0 and 1), flattened row-major.
     """
 
     def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
@@ -343,13 +353,23 @@ class LinfFromState(Rule):
         _one(premises, "linf-from-state")
         c = premises[0]
         t = params.get("tensor")
+        keep = params.get("keep", 1)
         if not isinstance(c, dict) or c.get("kind") != "state":
             raise RuleError("linf-from-state: premise must be a state")
         if not isinstance(t, str) or t not in c.get("outputs", {}):
             raise RuleError(f"linf-from-state: tensor {t!r} is not in the premise state")
         box = ctx.box(c["outputs"][t], t)
-        return {"quantity": "linf_drift", "direction": "upper", "tensor": t,
-                "bounds": [fx(v) for v in box.linf_drift().tolist()]}
+        if keep not in (1, 2) or box.drift_lo.ndim < keep + (1 if keep == 2 else 0):
+            raise RuleError(f"linf-from-state: keep must be 1 or 2 (and below the tensor's rank), "
+                            f"not {keep!r}")
+        mag = np.maximum(np.abs(box.drift_lo), np.abs(box.drift_hi))
+        lead = int(np.prod(mag.shape[:keep])) if mag.ndim else 1
+        per = mag.reshape(lead, -1).max(axis=1) if mag.size else np.zeros(lead)
+        out = {"quantity": "linf_drift", "direction": "upper", "tensor": t,
+               "bounds": [fx(v) for v in per.tolist()], **_carry(c, "slice")}
+        if keep != 1:
+            out["keep"] = keep
+        return out
 
 
 @register_rule("residual")
@@ -376,7 +396,7 @@ class Residual(Rule):
         out = [INF if math.isinf(x + y + e) else up(Fraction(x) + Fraction(y) + Fraction(e))
                for x, y, e in zip(a, b, eps)]
         return {"quantity": "linf_drift", "direction": "upper", "tensor": t,
-                "bounds": [fx(v) for v in out]}
+                **_carry(premises[0], "slice", "keep"), "bounds": [fx(v) for v in out]}
 
 
 # ---- the paper's chain (DESIGN 1.3) --------------------------------------------------------
@@ -392,7 +412,7 @@ class LogprobFromLinf(Rule):
                  ctx: RuleContext) -> dict[str, Any]:
         d, c = _linf_premise(premises, "logprob-from-linf")
         temp = _positive(params, "temperature", "logprob-from-linf")
-        return {"quantity": "logprob_drift", "direction": "upper", **_carry(c, "tensor"),
+        return {"quantity": "logprob_drift", "direction": "upper", **_carry(c, *CARRIED),
                 "temperature": fx(temp), "bounds": [fx(_x(v, temp)) for v in d]}
 
 
@@ -413,7 +433,7 @@ class RatioFromLinf(Rule):
         his = [exp_up(x) for x in xs]
         los = [0.0 if math.isinf(x) else exp_down(-x) for x in xs]
         devs = [INF if math.isinf(h) else up(Fraction(h) - 1) for h in his]
-        return {"quantity": "ratio_dev", "direction": "upper", **_carry(c, "tensor"),
+        return {"quantity": "ratio_dev", "direction": "upper", **_carry(c, *CARRIED),
                 "temperature": fx(temp), "bounds": [fx(v) for v in devs],
                 "ratio_lo": [fx(v) for v in los], "ratio_hi": [fx(v) for v in his]}
 
@@ -432,7 +452,7 @@ class TvFromLinf(Rule):
         d, c = _linf_premise(premises, "tv-from-linf")
         temp = _positive(params, "temperature", "tv-from-linf")
         tv = [1.0 if math.isinf(v) else tanh_up(_x(v, temp, factor=1)) for v in d]
-        return {"quantity": "tv", "direction": "upper", **_carry(c, "tensor"),
+        return {"quantity": "tv", "direction": "upper", **_carry(c, *CARRIED),
                 "temperature": fx(temp), "bounds": [fx(v) for v in tv]}
 
 
@@ -455,7 +475,7 @@ class KlFromLinf(Rule):
             ch = cosh_up(x)
             chi = INF if math.isinf(ch) else up(2 * Fraction(ch) - 1)
             out.append(min(x, log_up(chi)))
-        return {"quantity": "kl", "direction": "upper", **_carry(c, "tensor"),
+        return {"quantity": "kl", "direction": "upper", **_carry(c, *CARRIED),
                 "temperature": fx(temp), "bounds": [fx(v) for v in out]}
 
 
@@ -470,13 +490,14 @@ class RewardFromTv(Rule):
         r = _positive(params, "reward_bound", "reward-from-tv")
         out = [INF if math.isinf(t) else up(2 * Fraction(r) * Fraction(t)) for t in tv]
         return {"quantity": "reward_drift", "direction": "upper",
-                **_carry(premises[0], "tensor", "temperature"), "reward_bound": fx(r),
+                **_carry(premises[0], *CARRIED, "temperature"), "reward_bound": fx(r),
                 "bounds": [fx(v) for v in out]}
 
 
-def margins_from_box(box: StoredBox) -> np.ndarray:
-    """Per sample, a lower bound on the training kernel's top-1 margin z_k − max_{j≠k} z_j over
-    the box (last axis = classes, k = argmax of train_lo, min over other positions), rounded down."""
+def margins_from_box(box: StoredBox, keep: int = 1) -> np.ndarray:
+    """Per input (keep=1) or per (input, position) (keep=2), a lower bound on the training
+    kernel's top-1 margin z_k − max_{j≠k} z_j over the box (last axis = classes, k = argmax of
+    train_lo, min over the other axes), rounded down."""
     lo, hi = box.train_lo, box.train_hi
     if lo.ndim < 2 or lo.shape[-1] < 2:
         raise RuleError("top1-from-margin: the logits need a class axis of size >= 2")
@@ -486,7 +507,9 @@ def margins_from_box(box: StoredBox) -> np.ndarray:
     np.put_along_axis(others, k, -np.inf, axis=-1)
     m = top_lo - others.max(axis=-1)
     m = np.nextafter(m, -np.inf)  # one ulp below a round-to-nearest difference is <= the exact one
-    return m.reshape(m.shape[0], -1).min(axis=1)
+    if m.ndim < keep:
+        raise RuleError("top1-from-margin: per-position agreement needs a position axis")
+    return m.reshape(int(np.prod(m.shape[:keep])), -1).min(axis=1)
 
 
 @register_rule("top1-from-margin")
@@ -508,11 +531,12 @@ class Top1FromMargin(Rule):
         t = premises[0].get("tensor")
         if not isinstance(st, dict) or st.get("kind") != "state" or t not in st.get("outputs", {}):
             raise RuleError(f"top1-from-margin: second premise must be a state holding {t!r}")
-        m = margins_from_box(ctx.box(st["outputs"][t], t)).tolist()
+        keep = premises[0].get("keep", 1)
+        m = margins_from_box(ctx.box(st["outputs"][t], t), keep).tolist()
         if len(m) != len(d):
             raise RuleError("top1-from-margin: the drift bounds and the logits differ in batch size")
         agree = [1.0 if mi > 0 and Fraction(mi) > 2 * Fraction(di) else 0.0 for mi, di in zip(m, d)]
-        return {"quantity": "top1_agreement", "direction": "lower", "tensor": t,
+        return {"quantity": "top1_agreement", "direction": "lower", **_carry(premises[0], *CARRIED),
                 "bounds": [fx(a) for a in agree], "margins": [fx(v) for v in m]}
 
     def check(self, application: dict[str, Any], ctx: RuleContext) -> list[str]:
@@ -612,7 +636,7 @@ class Threshold(Rule):
         if not holds:
             raise RuleError(f"threshold applied outside its precondition: bound {bound!r} {op} "
                             f"{tau!r} is false")
-        return {**_carry(c, "quantity", "tensor", "temperature", "stat", "reward_bound"),
+        return {**_carry(c, "quantity", *CARRIED, "temperature", "stat", "reward_bound"),
                 "holds": True, "op": op, "threshold": fx(tau), "bound": [fx(bound)]}
 
     def directions(self, conclusion: dict[str, Any]) -> dict[str, str]:
@@ -629,3 +653,21 @@ class Threshold(Rule):
         if not {"<=": b <= tau, "<": b < tau, ">=": b >= tau, ">": b > tau}[op]:
             return [f"threshold conclusion bound {b!r} {op} {tau!r} is false"]
         return []
+
+
+@register_rule("all")
+class Conjunction(Rule):
+    """A ∧ B ∧ …: a clause whose condition is a conjunction holds when every conjunct does.
+
+    Premises: threshold applications (conclusions with holds = true); the conclusion lists them
+    as ``parts``.
+    """
+
+    def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
+                 ctx: RuleContext) -> dict[str, Any]:
+        if not premises:
+            raise RuleError("all: needs at least one premise")
+        for i, c in enumerate(premises):
+            if not isinstance(c, dict) or c.get("holds") is not True:
+                raise RuleError(f"all: premise {i} does not conclude that something holds")
+        return {"holds": True, "parts": [dict(c) for c in premises]}

@@ -281,10 +281,13 @@ class CertificateBuilder:
         return self.apply("block", [], ref=ref)
 
     def sequential(self, refs: Sequence[str], inputs: Mapping[str, Any],
-                   outputs: Sequence[str]) -> dict[str, Any]:
-        """Chain the blocks ``refs`` (in order) from the model-input region ``inputs`` (boxes)."""
-        return self.apply("sequential", [self.block(r) for r in refs],
-                          inputs=encode_state(inputs), outputs=list(outputs))
+                   outputs: Sequence[str], slice: str | None = None) -> dict[str, Any]:
+        """Chain the blocks ``refs`` (in order) from the model-input region ``inputs`` (boxes) of
+        the contract slice ``slice`` (named so the checker can match proofs to clauses)."""
+        params: dict[str, Any] = {"inputs": encode_state(inputs), "outputs": list(outputs)}
+        if slice is not None:
+            params["slice"] = slice
+        return self.apply("sequential", [self.block(r) for r in refs], **params)
 
     def apply(self, rule: str, premises: Sequence[dict[str, Any]], **params: Any) -> dict[str, Any]:
         """A proof node: ``rule`` applied to ``premises`` (nodes); float params are stored as hex.

@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from kcverify.certs.checker import CheckReport, check_certificate
 from kcverify.certs.encoding import decode_array, encode_array, fx, unfx
-from kcverify.certs.testing import FakeEngine, example_certificate
+from kcverify.certs.statement import CertificateBuilder
+from kcverify.certs.testing import FakeBox, FakeEngine, example_certificate
 from kcverify.kernels.spec import parse_kernel_spec
 
 
@@ -127,14 +129,20 @@ def test_threshold_outside_its_precondition(example: Any, engine: FakeEngine) ->
 def test_top1_outside_its_precondition(tmp_path: Path) -> None:
     engine = FakeEngine(eps=0.5)  # drift so large that no margin exceeds 2δ
     ex = example_certificate(tmp_path, engine)
-    st = ex[3]
-    c = clause(st, "S-TOP1")
-    agree = c["proof"]["premises"][0]["premises"][0]
-    assert agree["rule"] == "top1-from-margin"
-    assert all(unfx(b) == 0.0 for b in agree["conclusion"]["bounds"])
-    assert check(ex, engine).ok
-    agree["conclusion"]["bounds"] = [fx(1.0)] * len(agree["conclusion"]["bounds"])
-    rejected(check(ex, engine, st), "top1-from-margin applied outside its precondition")
+    model, contract, specs, st = ex
+    assert clause(st, "S-TOP1")["verdict"] == "unknown"  # the planner could not prove it
+    b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"})
+    x = np.random.default_rng(1).uniform(-1, 1, size=(3, engine.n_in))
+    refs = [b.add_block(r) for r in engine.certify(x)]
+    chain = b.sequential(refs, {"x": FakeBox.point(x)}, ["logits"], slice="all")
+    agree = b.apply("top1-from-margin", [b.apply("linf-from-state", [chain], tensor="logits"), chain])
+    assert all(unfx(v) == 0.0 for v in agree["conclusion"]["bounds"])
+    agree["conclusion"]["bounds"] = [fx(1.0)] * 3  # claim agreement anyway
+    top1 = {"rule": "threshold", "premises": [agree], "params": {"threshold": fx(1.0), "op": ">="},
+            "conclusion": {"quantity": "top1_agreement", "tensor": "logits", "slice": "all",
+                           "holds": True, "op": ">=", "threshold": fx(1.0), "bound": [fx(1.0)]}}
+    b.add_clause("S-TOP1", "numerical", "proved", threshold=1.0, op=">=", proof=top1)
+    rejected(check(ex, engine, b.build()), "top1-from-margin applied outside its precondition")
 
 
 def test_unknown_rule_and_missing_recheck(example: Any, engine: FakeEngine) -> None:
@@ -149,11 +157,11 @@ def test_verdicts_must_follow(example: Any, engine: FakeEngine) -> None:
     st = example[3]
     clause(st, "N-KL")["threshold"] = fx(0.5)  # the proof is for 0.01
     clause(st, "S-1")["evidence"]["observed"] = fx(0.5)  # passed, yet 0.5 >= 0.99 is false
-    clause(st, "N-R")["verdict"] = "unknown"  # unknown, yet proved
+    clause(st, "N-1")["verdict"] = "unknown"  # unknown, yet proved
     c = clause(st, "N-TV")
     c["verdict"], c["proof"] = "proved", None
     rejected(check(example, engine, st), "clause N-KL: the proof's threshold",
-             "clause S-1: verdict 'passed' contradicts", "clause N-R: 'unknown', yet",
+             "clause S-1: verdict 'passed' contradicts", "clause N-1: 'unknown', yet",
              "clause N-TV: verdict 'proved' without a proof tree")
 
 
@@ -162,3 +170,34 @@ def test_stored_state_arrays_are_exact(example: Any) -> None:
     box = st["predicate"]["blocks"]["0:b0"]["in_state"]["x"]
     x = decode_array(box["train_lo"])
     assert np.array_equal(x, decode_array(box["inf_hi"]))
+
+
+def test_contract_loaded_by_the_dsl(example: Any, engine: FakeEngine) -> None:
+    """Without kernel_specs, the checker reads the contract with kcverify.dsl and also checks
+    that each proved clause's proof establishes the contract's own condition."""
+    pytest.importorskip("kcverify.dsl")
+    kw = {"kernel_specs": None}
+    assert check(example, engine, **kw).ok, check(example, engine, **kw).problems
+    st = example[3]
+    tv, kl = clause(st, "N-TV"), clause(st, "N-KL")
+    tv["proof"], kl["proof"] = kl["proof"], tv["proof"]  # valid proofs, of the wrong clauses
+    tv["threshold"], kl["threshold"] = kl["threshold"], tv["threshold"]
+    tv["bound"], kl["bound"] = kl["bound"], tv["bound"]
+    tv["quantity"], kl["quantity"] = kl["quantity"], tv["quantity"]
+    assert check(example, engine, st, kernel_specs=example[2]).ok  # self-consistent ...
+    rejected(check(example, engine, st, **kw),  # ... but not what the contract asks
+             "clause N-TV: the proof does not establish 'max tv over all <= 0.05'",
+             "it bounds 'kl', not 'tv'")
+
+
+def test_proof_over_another_slice(example: Any, engine: FakeEngine) -> None:
+    pytest.importorskip("kcverify.dsl")
+    st = example[3]
+    proof = clause(st, "N-1")["proof"]
+    proof["conclusion"]["slice"] = "other"
+    proof["premises"][0]["conclusion"]["slice"] = "other"
+    seq = proof["premises"][0]["premises"][0]
+    seq["params"]["slice"] = seq["conclusion"]["slice"] = "other"
+    ok = check(example, engine, st)  # N-1 is consistent in itself (shared nodes of others are not)
+    assert not any(p.startswith("clause N-1:") for p in ok.problems), ok.problems
+    rejected(check(example, engine, st, kernel_specs=None), "it is over slice 'other', not 'all'")

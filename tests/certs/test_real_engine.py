@@ -64,7 +64,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str
     b = CertificateBuilder(model, contract, specs, {"name": "mlp-tiny-fp8", "version": "1.0.0"})
     refs = [b.add_block(r) for r in res.blocks]
     out = graph.outputs[0].name
-    chain = b.sequential(refs, {"x": res.blocks[0].in_state["x"]}, [out])
+    chain = b.sequential(refs, {"x": res.blocks[0].in_state["x"]}, [out], slice="all")
     linf = b.apply("linf-from-state", [chain], tensor=out)
     assert np.array_equal([float.fromhex(v) for v in linf["conclusion"]["bounds"]], res.linf)
     b.add_clause("N-1", "numerical", "proved", threshold=10.0, method="interval",

@@ -184,13 +184,12 @@ def test_hard_clauses_must_be_proved_or_passed(example: Any, engine: FakeEngine,
     d = reg.admit(model, contract, cert)
     assert not d.admitted and d.reasons == ["hard clause N-1 is unknown (admission needs proved or "
                                             "passed)"]
-    s1 = next(c for c in st["predicate"]["clauses"] if c["id"] == "S-1")
-    hard["verdict"] = "proved"
-    s1["verdict"] = "failed"
-    s1["evidence"]["observed"] = fx(0.5)
+    hard.update(verdict="refuted", bound=fx(0.9), evidence={"counterexample": {"input": 0}})
     cert.write_text(json.dumps(st))
     d = reg.admit(model, contract, cert)
-    assert not d.admitted and any("N-1" in r for r in d.reasons) and any("S-1" in r for r in d.reasons)
+    assert not d.admitted and d.reasons == ["hard clause N-1 is refuted (admission needs proved or "
+                                            "passed)"]
+    assert [x["action"] for x in reg.decisions()] == ["admit", "reject", "reject"]
 
 
 def test_verify_reports_failing_entries(example: Any, engine: FakeEngine, tmp_path: Path) -> None:

@@ -79,13 +79,17 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
                       kernel_specs: Mapping[str, Any] | None = None,
                       contract: Any = None,
                       expected_chain: list[tuple[str, str]] | None = None,
-                      graph_inputs: set[str] | None = None) -> CheckReport:
+                      graph_inputs: set[str] | None = None,
+                      input_region: Callable[[str], Mapping[str, Any]] | None = None
+                      ) -> CheckReport:
     """Re-check a certificate against the model and contract files.
 
     ``kernel_specs`` (name -> KernelSpec or canonical mapping) and ``contract`` default to what
     kcverify.dsl.load_contract reads from ``contract_path``; ``expected_chain`` and
     ``graph_inputs`` to the model's segmentation and inputs; ``recheck_block`` to the bound
-    engine's adapter (kcverify.certs.recheck). Missing or unreadable files raise InputFileError.
+    engine's adapter (kcverify.certs.recheck). ``input_region(slice) -> {input: box}`` (when
+    given) makes every chain show that its assumed input region contains the slice's inputs.
+    Missing or unreadable files raise InputFileError.
     """
     for p, what in ((model_path, "model"), (contract_path, "contract")):
         if not Path(p).is_file():
@@ -158,7 +162,7 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
         if why:
             notes.append(f"blocks not re-run: {why}")
     ctx = RuleContext(blocks={}, recheck_block=recheck_block, expected_chain=expected_chain,
-                      graph_inputs=graph_inputs)
+                      graph_inputs=graph_inputs, input_region=input_region)
     for ref, raw in pred["blocks"].items():
         ctx.blocks[ref] = decode_block(ref, raw)
     used: set[str] = set()
@@ -167,6 +171,8 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
     unused = sorted(set(ctx.blocks) - used)
     if unused:
         notes.append(f"block certificates not used by any proof: {unused}")
+    if input_region is None:
+        notes.append("chains' input regions not compared with the slices' data (no input_region)")
     for c in pred["clauses"]:
         if c["verdict"] == "refuted":
             notes.append(f"clause {c['id']}: counterexample not replayed (stored evidence)")

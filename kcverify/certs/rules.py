@@ -57,13 +57,16 @@ class RuleContext:
 
     ``recheck_block(record) -> problems`` re-runs a block's bound method (supplied by the bound
     engine's adapter); ``expected_chain`` is the model's segmentation [(block name, digest)] when
-    known; ``graph_inputs`` the model's input names when known.
+    known; ``graph_inputs`` the model's input names when known; ``input_region(slice) ->
+    {input name: box}`` the boxes of a contract slice's inputs as the bound engine builds them
+    (then a chain over that slice must assume a region containing them).
     """
 
     blocks: dict[str, BlockData] = field(default_factory=dict)
     recheck_block: RecheckBlock | None = None
     expected_chain: list[tuple[str, str]] | None = None
     graph_inputs: set[str] | None = None
+    input_region: Callable[[str], Mapping[str, Any]] | None = None
     rechecked: dict[str, list[str]] = field(default_factory=dict)
 
     def block(self, ref: str) -> BlockData:
@@ -295,6 +298,18 @@ class Sequential(Rule):
             unknown = sorted(set(inputs) - ctx.graph_inputs)
             if unknown:
                 raise RuleError(f"sequential: {unknown} are not inputs of the model")
+        if ctx.input_region is not None:
+            sl = params.get("slice")
+            if not isinstance(sl, str):
+                raise RuleError("sequential: params.slice must name the slice whose inputs the "
+                                "chain covers")
+            for t, want in ctx.input_region(sl).items():
+                if t not in inputs:
+                    raise RuleError(f"sequential: the chain assumes no region for input {t!r} of "
+                                    f"slice {sl!r}")
+                if not inputs[t].contains(want):
+                    raise RuleError(f"sequential: the assumed region for input {t!r} does not "
+                                    f"contain slice {sl!r}'s inputs")
         produced: dict[str, str] = {}
         refs: list[str] = []
         for i, c in enumerate(premises):

@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       "every hard clause holds")
     a.add_argument("model")
     a.add_argument("contract")
-    a.add_argument("cert", help="certificate JSON, or the ONNX model when it is embedded")
+    a.add_argument("cert", nargs="?", help="certificate JSON, or the ONNX model when it is "
+                   "embedded (default: MODEL.kcert.json, else the certificate embedded in MODEL)")
     a.set_defaults(func=_admit)
     ls = rs.add_parser("list", help="list entries")
     ls.add_argument("--all", action="store_true", help="include revoked entries")
@@ -51,7 +52,12 @@ def _registry(args: argparse.Namespace) -> Any:
 
 
 def _admit(args: argparse.Namespace) -> int:
-    d = _registry(args).admit(args.model, args.contract, args.cert)
+    cert = args.cert
+    if cert is None:
+        from kcverify.certs.attach import find_certificate
+
+        cert = find_certificate(args.model)[0]
+    d = _registry(args).admit(args.model, args.contract, cert)
     if d.admitted:
         print(f"admitted: entry {d.entry_id}" + (" (already admitted)" if d.duplicate else ""))
         return 0

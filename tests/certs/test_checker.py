@@ -201,3 +201,14 @@ def test_proof_over_another_slice(example: Any, engine: FakeEngine) -> None:
     ok = check(example, engine, st)  # N-1 is consistent in itself (shared nodes of others are not)
     assert not any(p.startswith("clause N-1:") for p in ok.problems), ok.problems
     rejected(check(example, engine, st, kernel_specs=None), "it is over slice 'other', not 'all'")
+
+
+def test_input_region_must_cover_the_slice(example: Any, engine: FakeEngine) -> None:
+    from kcverify.certs.testing import FakeBox
+
+    st = example[3]
+    seq = clause(st, "N-1")["proof"]["premises"][0]["premises"][0]
+    x = decode_array(seq["params"]["inputs"]["x"]["train_lo"])
+    assert check(example, engine, input_region=lambda s: {"x": FakeBox.point(x)}).ok
+    rejected(check(example, engine, input_region=lambda s: {"x": FakeBox.point(x + 0.5)}),
+             "does not contain slice 'all''s inputs")

@@ -80,15 +80,16 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
                       contract: Any = None,
                       expected_chain: list[tuple[str, str]] | None = None,
                       graph_inputs: set[str] | None = None,
-                      input_region: Callable[[str], Mapping[str, Any]] | None = None
-                      ) -> CheckReport:
+                      input_region: Callable[[str], Mapping[str, Any]] | None = None,
+                      store_input: Any = "default") -> CheckReport:
     """Re-check a certificate against the model and contract files.
 
     ``kernel_specs`` (name -> KernelSpec or canonical mapping) and ``contract`` default to what
     kcverify.dsl.load_contract reads from ``contract_path``; ``expected_chain`` and
     ``graph_inputs`` to the model's segmentation and inputs; ``recheck_block`` to the bound
     engine's adapter (kcverify.certs.recheck). ``input_region(slice) -> {input: box}`` (when
-    given) makes every chain show that its assumed input region contains the slice's inputs.
+    given) makes every chain show that its assumed input region contains the slice's inputs;
+    ``store_input`` (default: the bound engine's input_box) maps raw inputs to stored values.
     Missing or unreadable files raise InputFileError.
     """
     for p, what in ((model_path, "model"), (contract_path, "contract")):
@@ -161,7 +162,13 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
         recheck_block, why = default_recheck(model_path, kernel_specs)
         if why:
             notes.append(f"blocks not re-run: {why}")
+    if store_input == "default":
+        from kcverify.certs.recheck import default_store_input
+
+        store_input = (default_store_input(model_path, kernel_specs)
+                       if kernel_specs is not None else None)
     ctx = RuleContext(blocks={}, recheck_block=recheck_block, expected_chain=expected_chain,
+                      store_input=store_input,
                       graph_inputs=graph_inputs, input_region=input_region)
     for ref, raw in pred["blocks"].items():
         ctx.blocks[ref] = decode_block(ref, raw)

@@ -85,3 +85,34 @@ def default_recheck(model_path: str | os.PathLike[str], kernel_specs: Mapping[st
         return None, "the contract does not name kernels 'train' and 'inf'"
     blocks = {b.digest: b for b in segment(load_onnx(model_path))}
     return recheck_with(bound_block, blocks, kernel_specs["train"], kernel_specs["inf"], DiffBox), None
+
+
+def default_store_input(model_path: str | os.PathLike[str], kernel_specs: Mapping[str, Any]
+                        ) -> Callable[[str, StoredBox], Any] | None:
+    """The bound engine's own storage of raw model inputs (kcverify.bounds.engine.input_box):
+    float inputs in [lo, hi] are rounded into each kernel's compute format; integer inputs (token
+    ids) enter unchanged. None when the engine is not available."""
+    try:
+        import torch
+
+        from kcverify.bounds.engine import input_box
+        from kcverify.models.ir import load_onnx
+    except ImportError:
+        return None
+    if "train" not in kernel_specs or "inf" not in kernel_specs:
+        return None
+    try:
+        dtypes = {v.name: v.dtype for v in load_onnx(model_path).inputs}
+    except KcverifyError:
+        return None
+    train, inf = kernel_specs["train"], kernel_specs["inf"]
+
+    def store(name: str, box: StoredBox) -> Any:
+        dt = dtypes.get(name)
+        if dt is not None and np.dtype(dt).kind in "iub":
+            return box
+        lo = torch.as_tensor(np.ascontiguousarray(box.train_lo), dtype=torch.float64)
+        hi = torch.as_tensor(np.ascontiguousarray(box.train_hi), dtype=torch.float64)
+        return input_box(train, inf, lo, hi).to_diffbox()
+
+    return store

@@ -59,7 +59,9 @@ class RuleContext:
     engine's adapter); ``expected_chain`` is the model's segmentation [(block name, digest)] when
     known; ``graph_inputs`` the model's input names when known; ``input_region(slice) ->
     {input name: box}`` the boxes of a contract slice's inputs as the bound engine builds them
-    (then a chain over that slice must assume a region containing them).
+    (then a chain over that slice must assume a region containing them); ``store_input(name,
+    box)`` maps a raw model-input region to the values the kernels store (each in its compute
+    format: the bound engine's input_box), None when inputs enter unchanged.
     """
 
     blocks: dict[str, BlockData] = field(default_factory=dict)
@@ -67,6 +69,7 @@ class RuleContext:
     expected_chain: list[tuple[str, str]] | None = None
     graph_inputs: set[str] | None = None
     input_region: Callable[[str], Mapping[str, Any]] | None = None
+    store_input: Callable[[str, StoredBox], Any] | None = None
     rechecked: dict[str, list[str]] = field(default_factory=dict)
 
     def block(self, ref: str) -> BlockData:
@@ -280,7 +283,8 @@ class Sequential(Rule):
     """Chain B_1; …; B_n of block certificates from the model-input region X (params.inputs).
 
     Valid iff for every tensor t that B_{i+1} assumes: t is produced by an earlier B_j and
-    in_{i+1}(t) ⊇ out_j(t), or t is a model input and in_{i+1}(t) ⊇ X(t). Then every tensor t
+    in_{i+1}(t) ⊇ out_j(t), or t is a model input and in_{i+1}(t) ⊇ store(X(t)), the values the
+    kernels hold after storing the raw inputs in their formats (``ctx.store_input``). Then every tensor t
     listed in the conclusion lies in out_j(t) of its (last) producer B_j. A block that the chain
     needs but lacks shows up as an input nobody produces. params: inputs (X), outputs, and
     optionally slice (the contract slice X comes from; carried into every derived conclusion).
@@ -310,6 +314,8 @@ class Sequential(Rule):
                 if not inputs[t].contains(want):
                     raise RuleError(f"sequential: the assumed region for input {t!r} does not "
                                     f"contain slice {sl!r}'s inputs")
+        stored_inputs = {t: (ctx.store_input(t, b) if ctx.store_input is not None else b)
+                         for t, b in inputs.items()}
         produced: dict[str, str] = {}
         refs: list[str] = []
         for i, c in enumerate(premises):
@@ -325,7 +331,7 @@ class Sequential(Rule):
                     src = ctx.box(produced[t], t)
                     what = f"block {ctx.block(produced[t]).name!r}'s output"
                 elif t in inputs:
-                    src, what = inputs[t], "the model-input region"
+                    src, what = stored_inputs[t], "the model-input region (as the kernels store it)"
                 else:
                     raise RuleError(f"sequential: block {blk.name!r} assumes tensor {t!r}, which no "
                                     "earlier block produces and is no model input (a block missing?)")

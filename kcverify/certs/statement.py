@@ -235,14 +235,15 @@ class CertificateBuilder:
     """Assemble a certificate from block records, rule applications and clause verdicts.
 
     ``kernel_specs`` maps names ("train", "inf") to KernelSpec (or canonical mappings);
-    ``contract_meta`` gives the contract's {"name", "version"}. Nodes are built with ``block``,
+    ``contract_meta`` gives the contract's {"name", "version"}. ``store_input`` maps raw model
+    inputs to the values the kernels store (default: the bound engine's; None: unchanged). Nodes are built with ``block``,
     ``sequential`` and ``apply`` (which runs the rule, so a node's conclusion is what the rule
     justifies); clauses with ``add_clause``; ``build()`` returns the statement.
     """
 
     def __init__(self, model_path: str | os.PathLike[str], contract_path: str | os.PathLike[str],
                  kernel_specs: Mapping[str, Any], contract_meta: Mapping[str, Any], *,
-                 model_digest: str = DIGEST_FILE) -> None:
+                 model_digest: str = DIGEST_FILE, store_input: Any = "default") -> None:
         self.model_path = Path(model_path)
         self.contract_path = Path(contract_path)
         if model_digest == DIGEST_FILE:
@@ -263,6 +264,11 @@ class CertificateBuilder:
                          "version": str(contract_meta.get("version", ""))}
         self.blocks: dict[str, dict[str, Any]] = {}
         self.ctx = RuleContext()
+        if store_input == "default":
+            from kcverify.certs.recheck import default_store_input
+
+            store_input = default_store_input(self.model_path, kernel_specs)
+        self.ctx.store_input = store_input
         self.clauses: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}
 

@@ -171,7 +171,8 @@ def example_certificate(tmp: Path, engine: FakeEngine | None = None, seed: int =
     contract.write_text(CONTRACT_TEXT)
     specs = kernel_specs()
     x = np.random.default_rng(seed).uniform(-1, 1, size=(batch, engine.n_in))
-    b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"})
+    b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"},
+                           store_input=None)
     refs = [b.add_block(r) for r in engine.certify(x)]
     chain = b.sequential(refs, {"x": FakeBox.point(x)}, ["logits"], slice="all")
     linf = b.apply("linf-from-state", [chain], tensor="logits")

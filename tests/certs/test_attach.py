@@ -25,7 +25,8 @@ from kcverify.errors import CertificateError, InputFileError
 
 def test_sidecar_then_embedded(example: Any, engine: FakeEngine, tmp_path: Path) -> None:
     model, contract, specs, stmt = example
-    kw = {"kernel_specs": specs, "recheck_block": engine.recheck, "expected_chain": engine.chain}
+    kw = {"kernel_specs": specs, "recheck_block": engine.recheck, "expected_chain": engine.chain,
+          "store_input": None}
     side = attach(model, stmt)
     assert side == sidecar_path(model) and side.name == "model.onnx.kcert.json"
     found, where = find_certificate(model)
@@ -72,7 +73,7 @@ def test_cli_check_exit_codes(example: Any, monkeypatch: pytest.MonkeyPatch,
 
     def fake(cert: Any, m: Any, c: Any, **kw: Any) -> Any:
         return real(cert, m, c, kernel_specs=specs, recheck_block=engine.recheck,
-                    expected_chain=engine.chain)
+                    expected_chain=engine.chain, store_input=None)
 
     monkeypatch.setattr(checker, "check_certificate", fake)
     side = attach(model, stmt)

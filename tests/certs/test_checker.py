@@ -21,6 +21,7 @@ def check(example: Any, engine: FakeEngine, stmt: dict[str, Any] | None = None,
     kw.setdefault("kernel_specs", specs)
     kw.setdefault("recheck_block", engine.recheck)
     kw.setdefault("expected_chain", engine.chain)
+    kw.setdefault("store_input", None)
     return check_certificate(stmt if stmt is not None else st, model, contract, **kw)
 
 
@@ -131,7 +132,8 @@ def test_top1_outside_its_precondition(tmp_path: Path) -> None:
     ex = example_certificate(tmp_path, engine)
     model, contract, specs, st = ex
     assert clause(st, "S-TOP1")["verdict"] == "unknown"  # the planner could not prove it
-    b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"})
+    b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"},
+                           store_input=None)
     x = np.random.default_rng(1).uniform(-1, 1, size=(3, engine.n_in))
     refs = [b.add_block(r) for r in engine.certify(x)]
     chain = b.sequential(refs, {"x": FakeBox.point(x)}, ["logits"], slice="all")

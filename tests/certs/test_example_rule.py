@@ -55,7 +55,8 @@ def l2_rule() -> Any:
 def test_example_rule_is_used_and_checked(l2_rule: Any, example: Any, engine: FakeEngine) -> None:
     model, contract, specs, _ = example
     x = np.random.default_rng(3).uniform(-1, 1, size=(4, engine.n_in))
-    b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"})
+    b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"},
+                           store_input=None)
     refs = [b.add_block(r) for r in engine.certify(x)]
     chain = b.sequential(refs, {"x": FakeBox.point(x)}, ["logits"])
     linf = b.apply("linf-from-state", [chain], tensor="logits")
@@ -63,7 +64,8 @@ def test_example_rule_is_used_and_checked(l2_rule: Any, example: Any, engine: Fa
     b.add_clause("N-L2", "numerical", "proved", threshold=0.1, method="fake-affine",
                  proof=b.apply("threshold", [l2], threshold=0.1))
     stmt = b.build()
-    kw = {"kernel_specs": specs, "recheck_block": engine.recheck, "expected_chain": engine.chain}
+    kw = {"kernel_specs": specs, "recheck_block": engine.recheck, "expected_chain": engine.chain,
+          "store_input": None}
     assert check_certificate(stmt, model, contract, **kw).ok
     l2["conclusion"]["bounds"][0] = fx(unfx(linf["conclusion"]["bounds"][0]))  # claims n = 1
     report = check_certificate(stmt, model, contract, **kw)

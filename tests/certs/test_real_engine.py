@@ -64,7 +64,8 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str
     b = CertificateBuilder(model, contract, specs, {"name": "mlp-tiny-fp8", "version": "1.0.0"})
     refs = [b.add_block(r) for r in res.blocks]
     out = graph.outputs[0].name
-    chain = b.sequential(refs, {"x": res.blocks[0].in_state["x"]}, [out], slice="all")
+    chain = b.sequential(refs, {"x": bounds.DiffBox.point(x.astype(np.float64))}, [out],
+                         slice="all")  # raw inputs: the checker re-derives how kernels store them
     linf = b.apply("linf-from-state", [chain], tensor=out)
     assert np.array_equal([float.fromhex(v) for v in linf["conclusion"]["bounds"]], res.linf)
     b.add_clause("N-1", "numerical", "proved", threshold=10.0, method="interval",
@@ -93,3 +94,16 @@ def test_real_certificate_rejects_a_tightened_block(real: Any) -> None:
     report = check_certificate(stmt, model, contract)
     assert not report.ok
     assert any("block 'layer1'" in p and "not inside the stored one" in p for p in report.problems)
+
+
+def test_real_certificate_rejects_other_inputs(real: Any) -> None:
+    model, contract, stmt = real
+    seq = stmt["predicate"]["clauses"][0]["proof"]["premises"][0]["premises"][0]
+    assert seq["rule"] == "sequential"
+    box = seq["params"]["inputs"]["x"]
+    for f in box:
+        if f.startswith(("train", "inf")):
+            box[f] = encode_array(decode_array(box[f]) + 0.25)
+    report = check_certificate(stmt, model, contract)
+    assert not report.ok
+    assert any("does not contain the model-input region" in p for p in report.problems)

@@ -26,7 +26,8 @@ def fake_check(engine: FakeEngine, specs: dict[str, Any] | None = None) -> Any:
 
     def check(cert: Any, model: Any, contract: Any) -> Any:
         return check_certificate(cert, model, contract, kernel_specs=specs,
-                                 recheck_block=engine.recheck, expected_chain=engine.chain)
+                                 recheck_block=engine.recheck, expected_chain=engine.chain,
+                                 store_input=None)
 
     return check
 
@@ -202,7 +203,8 @@ def test_verify_reports_failing_entries(example: Any, engine: FakeEngine, tmp_pa
     hook = recheck_with(wide.bound_block, {b.digest: w for b, w in zip(engine.blocks, wide.blocks)},
                         None, None, FakeBox)
     strict = Registry(reg.root, check=lambda c, m, k: check_certificate(
-        c, m, k, kernel_specs=kernel_specs(), recheck_block=hook, expected_chain=engine.chain))
+        c, m, k, kernel_specs=kernel_specs(), recheck_block=hook, expected_chain=engine.chain,
+        store_input=None))
     (res,) = strict.verify()
     assert not res.ok and any("not inside the stored one" in p for p in res.problems)
     e = reg.entry(1)
@@ -260,7 +262,8 @@ def test_cli(example: Any, engine: FakeEngine, tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(checker, "check_certificate",
                         lambda c, m, k, **kw: real(c, m, k, kernel_specs=kernel_specs(),
                                                    recheck_block=engine.recheck,
-                                                   expected_chain=engine.chain))
+                                                   expected_chain=engine.chain,
+                                                   store_input=None))
     monkeypatch.setenv("KCVERIFY_REGISTRY", str(tmp_path / "reg"))
     assert main(["registry", "admit", str(model), str(contract), str(cert)]) == 0
     assert "admitted: entry 1" in capsys.readouterr().out

@@ -141,12 +141,13 @@ def test_run_both_kernels_on_shipped_example(root: Path) -> None:
     contract = load_contract(path)
     graph = load_onnx(contract.resolve(contract.model.onnx))
     data = load_slice(contract.slices["safety"], base_dir=path.parent)
+    data = data.select(np.arange(2))  # two inputs keep the test fast
     feeds = data.feeds([v.name for v in graph.inputs])
     zt, zi = run_both_kernels(graph, contract.kernels["train"], contract.kernels["inf"], feeds)
     assert zt.shape == zi.shape and zt.shape[0] == data.n and zt.dtype == np.float64
     drift = np.abs(zi - zt).max()
     assert 0 < drift < 10  # fp8 drifts, but not wildly
-    rt = measure_kernel_runtime(graph, contract.kernels["inf"], feeds, warmup=1, repeats=1)
+    rt = measure_kernel_runtime(graph, contract.kernels["inf"], feeds, warmup=0, repeats=1)
     assert rt.n == data.n and rt.peak_memory_mb > 0
     clause = contract.clause("S-FP8-1")
     r = evaluate_clause(clause, {"safety": slice_inputs(zt, zi, runtime=rt)})

@@ -145,6 +145,20 @@ def init_weights(model: nn.Module, seed: int, std: float) -> None:
                 p.copy_(noise)
 
 
+def _strip(proto: onnx.ModelProto) -> None:
+    """Drop what depends on where and how the exporter ran (source paths, line numbers, module
+    names in metadata and doc strings), so the bytes depend on the weights and graph only."""
+    proto.producer_version = ""
+    proto.doc_string = ""
+    del proto.metadata_props[:]
+    g = proto.graph
+    g.doc_string = ""
+    del g.metadata_props[:]
+    for item in (*g.node, *g.input, *g.output, *g.value_info, *g.initializer):
+        item.doc_string = ""
+        del item.metadata_props[:]
+
+
 def export(model: nn.Module, example: torch.Tensor, path: Path, in_name: str, out_name: str,
            dynamic: dict[int, str], dynamo: bool = True) -> None:
     """Export with torch.onnx.export and write deterministic bytes. The dynamo exporter gives
@@ -170,14 +184,31 @@ def export(model: nn.Module, example: torch.Tensor, path: Path, in_name: str, ou
                 proto = onnx.load_from_string(buf.getvalue())
         finally:
             logging.disable(logging.NOTSET)
-    proto.producer_version = ""
+    _strip(proto)
     proto.graph.name = path.stem
     onnx.checker.check_model(proto, full_check=True)
     path.write_bytes(proto.SerializeToString(deterministic=True))
 
 
+MLPS: dict[str, tuple[list[int], int]] = {
+    "mlp_small": ([8, 16, 16, 4], SEED + 3),
+    "mlp_tiny": ([4, 8, 8, 2], SEED + 4),
+}
+
+
+def build_mlp(name: str, out: Path) -> Path:
+    """One of the MLPS, exported in the classic Gemm form (as VNN-COMP networks come)."""
+    sizes, seed = MLPS[name]
+    net = mlp(sizes)
+    init_weights(net, seed, std=0.5)
+    path = out / f"{name}.onnx"
+    export(net, torch.zeros(2, sizes[0]), path, "x", "y", {0: "batch"}, dynamo=False)
+    return path
+
+
 def build_all(out: Path, data: Path) -> list[Path]:
     torch.manual_seed(SEED)
+    out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     ids = torch.zeros(2, 16, dtype=torch.int64)
 
@@ -191,13 +222,8 @@ def build_all(out: Path, data: Path) -> list[Path]:
     export(enc, ids, out / "tiny_encoder.onnx", "input_ids", "hidden", {0: "batch", 1: "seq"})
     written.append(out / "tiny_encoder.onnx")
 
-    for name, sizes, seed in (("mlp_small", [8, 16, 16, 4], SEED + 3),
-                              ("mlp_tiny", [4, 8, 8, 2], SEED + 4)):
-        net = mlp(sizes)
-        init_weights(net, seed, std=0.5)
-        export(net, torch.zeros(2, sizes[0]), out / f"{name}.onnx", "x", "y", {0: "batch"},
-               dynamo=False)  # the classic Gemm form, as VNN-COMP networks come
-        written.append(out / f"{name}.onnx")
+    for name in MLPS:
+        written.append(build_mlp(name, out))
 
     rng = np.random.default_rng(SEED)
     data.mkdir(parents=True, exist_ok=True)

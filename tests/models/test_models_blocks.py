@@ -1,0 +1,114 @@
+"""Block segmentation: composition reproduces the model bitwise, blocks are standalone graphs
+(onnxruntime runs each), cuts are single stream tensors, kinds follow the architecture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from _model_helpers import assert_close
+from conftest import ACASXU, MODELS, SHIPPED
+
+from kcverify.models.blocks import run_blocks, segment
+from kcverify.models.executor import Executor
+from kcverify.models.inspection import random_feeds
+from kcverify.models.ir import Graph, load_onnx
+
+
+def check_composition(graph: Graph, feeds: dict[str, np.ndarray]) -> list:  # type: ignore[type-arg]
+    blocks = segment(graph)
+    whole = Executor(graph).run(feeds)
+    env = run_blocks(blocks, feeds)
+    for name, value in whole.items():
+        assert torch.equal(env[name], value), name
+    # every node of the model is in exactly one block, constants aside
+    const = graph.constant_names()
+    dynamic = {n.name for n in graph.nodes if not all(o in const for o in n.outputs if o)}
+    placed = [n.name for b in blocks for n in b.graph.nodes if n.name in dynamic]
+    assert sorted(placed) == sorted(dynamic)
+    return blocks
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_blocks_compose_to_the_model(name: str) -> None:
+    graph = load_onnx(MODELS / f"{name}.onnx")
+    for batch, seq in ((1, 3), (3, 16)):
+        check_composition(graph, random_feeds(graph, batch, seq, seed=seq))
+
+
+def test_decoder_blocks() -> None:
+    graph = load_onnx(MODELS / "tiny_decoder.onnx")
+    blocks = segment(graph)
+    assert [(b.name, b.kind) for b in blocks] == [
+        ("embedding", "embedding"), ("layer0", "layer"), ("layer1", "layer"), ("head", "head")]
+    assert len({b.digest for b in blocks}) == 4
+    # each layer reads exactly one float stream tensor (the residual), plus int/bool side tensors
+    for b in blocks[1:]:
+        floats = [i for i in b.inputs if (graph.info(i).dtype or "").startswith("float")]
+        assert len(floats) == 1, (b.name, b.inputs)
+    # parameters: the two layers have the same architecture
+    assert abs(blocks[1].num_params - blocks[2].num_params) <= 8
+    assert blocks[3].num_params == 256 * 64 + 2 * 64  # head matrix and the final LayerNorm
+    assert blocks[3].outputs == ("logits",)
+
+
+def test_encoder_and_mlp_blocks() -> None:
+    enc = segment(load_onnx(MODELS / "tiny_encoder.onnx"))
+    assert [b.kind for b in enc] == ["embedding", "layer", "layer"]
+    mlp = segment(load_onnx(MODELS / "mlp_small.onnx"))
+    assert [(b.name, [n.op_type for n in b.graph.nodes]) for b in mlp] == [
+        ("layer0", ["Gemm", "Relu"]), ("layer1", ["Gemm", "Relu"]), ("head", ["Gemm"])]
+
+
+def test_each_block_is_a_standalone_onnx_graph() -> None:
+    """A block's graph, written back to ONNX, runs in onnxruntime and gives the same tensors."""
+    graph = load_onnx(MODELS / "tiny_decoder.onnx")
+    feeds = random_feeds(graph, 2, 8)
+    env = run_blocks(segment(graph), feeds)
+    for b in segment(graph):
+        sess = ort.InferenceSession(b.graph.to_onnx().SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        block_feeds = {k: (env[k].numpy() if isinstance(env[k], torch.Tensor) else env[k])
+                       for k in b.inputs}
+        outs = sess.run(list(b.outputs), block_feeds)
+        for name, r in zip(b.outputs, outs):
+            assert_close(env[name].numpy(), r, rtol=1e-5)
+
+
+def test_digest_is_stable_and_weight_sensitive() -> None:
+    a = segment(load_onnx(MODELS / "tiny_decoder.onnx"))
+    b = segment(load_onnx(MODELS / "tiny_decoder.onnx"))
+    assert [x.digest for x in a] == [x.digest for x in b]
+    g = load_onnx(MODELS / "tiny_decoder.onnx")
+    name = next(k for k in g.initializers if k.startswith("layers.1"))
+    g.initializers[name] = g.initializers[name] + np.float32(1e-3)
+    c = segment(g)
+    assert [x.digest == y.digest for x, y in zip(a, c)] == [True, True, False, True]
+
+
+@pytest.mark.parametrize("name", ["decoder", "encoder"])
+def test_torchscript_export_blocks(name: str, torchscript_models) -> None:  # type: ignore[no-untyped-def]
+    graph = load_onnx(torchscript_models[name])
+    blocks = check_composition(graph, random_feeds(graph, 2, 9))
+    assert [b.kind for b in blocks].count("layer") == 3
+
+
+def test_acasxu_blocks() -> None:
+    path = ACASXU / "ACASXU_run2a_1_1_batch_2000.onnx"
+    if not path.exists():
+        pytest.skip(f"{path} not available")
+    graph = load_onnx(path)
+    blocks = check_composition(graph, {"input": np.full((1, 1, 1, 5), 0.1, np.float32)})
+    assert [b.kind for b in blocks] == ["layer"] * 6 + ["head"]
+
+
+def test_minilm_blocks(minilm_path: Path) -> None:
+    graph = load_onnx(minilm_path)
+    feeds = random_feeds(graph, 2, 8, seed=1)
+    feeds["attention_mask"][0, 5:] = 0
+    blocks = check_composition(graph, feeds)
+    assert [b.kind for b in blocks] == ["embedding"] + ["layer"] * 6
+    assert len({b.digest for b in blocks}) == 7

@@ -52,6 +52,13 @@ def min_sample_size(budget: float, confidence: float = DEFAULT_CONFIDENCE) -> in
     return math.ceil(math.log(1.0 - confidence) / math.log(1.0 - budget))
 
 
+def runtime_budget(metric: Metric, budget: float | None) -> float | None:
+    """The exceedance budget of a runtime percentile clause: its own, else 1 - q for a p_q metric."""
+    if metric.family != "runtime" or metric.quantile is None:
+        return None
+    return budget if budget else 1.0 - metric.quantile
+
+
 @dataclass(frozen=True)
 class MetricOutcome:
     """One metric on one slice: the aggregate value and the decision with its evidence."""
@@ -101,7 +108,8 @@ def evaluate_metric(metric: str | Metric, threshold: float, x: MetricInputs,
                      method="measured", note=f"measured {value:.4g} {m.unit} vs threshold {threshold:g}")
         return MetricOutcome(m.name, value, threshold, direction, d, per_unit)
     if m.family == "runtime":
-        b = budget if budget else 1.0 - float(m.quantile)
+        b = runtime_budget(m, budget)
+        assert b is not None
         d = decide_exceedance(k, int(per_unit.size), b, confidence)
         d = replace(d, note=f"{k} of {per_unit.size} calls over {threshold:g} {m.unit}; " + d.note)
         if d.outcome == "unknown":

@@ -92,6 +92,7 @@ class ClauseResult:
     note: str = ""
     slices: list[SliceResult] = field(default_factory=list)
     blocks: list[BlockDrift] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)  # e.g. {"counterexample": {...}}
 
     def __post_init__(self) -> None:
         self.verdict = Verdict(self.verdict)

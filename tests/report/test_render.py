@@ -27,7 +27,7 @@ from sample import sample_report  # noqa: E402
 
 CLAUSE_KEYS = {"id", "family", "verdict", "method", "bound", "threshold", "slice", "sample_size",
                "confidence", "level", "action", "action_taken", "value", "budget", "violations",
-               "slices", "blocks", "metric", "direction", "note"}
+               "slices", "blocks", "metric", "direction", "note", "evidence"}
 
 
 def test_json_report(tmp_path: Path) -> None:

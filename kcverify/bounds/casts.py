@@ -170,31 +170,9 @@ def _blocked(lo: torch.Tensor, hi: torch.Tensor, dim: int, block: int, fn) -> tu
 
 def weight_cast(w: torch.Tensor, cs: CastSpec, rounding: str, out_axis: int, k_axis: int,
                 deq_u: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Enclosure of Q(W) (usually a point: lo == hi except where the fp32 scale slack straddles
-    a rounding boundary). per_channel: one scale per index of ``out_axis``; per_block: blocks of
-    block_size along ``k_axis`` per output channel."""
-    fmt = cs.format
-    w = w.to(torch.float64)
-    if cs.scale == "none":
-        return cast_image(w, w, 1.0, 1.0, fmt, rounding, deq_u)
-    if cs.scale == "static":
-        v = float(cs.value or 1.0)
-        return cast_image(w, w, v, v, fmt, rounding, deq_u)
-    if cs.scale == "per_tensor":
-        a = w.abs().amax()
-        s_lo, s_hi = scale_of(a, a, fmt)
-        return cast_image(w, w, s_lo, s_hi, fmt, rounding, deq_u, dynamic=True)
-    if cs.scale == "per_channel":
-        oa = out_axis % w.dim()
-        dims = tuple(d for d in range(w.dim()) if d != oa)
-        a = w.abs().amax(dim=dims, keepdim=True) if dims else w.abs()
-        s_lo, s_hi = scale_of(a, a, fmt)
-        return cast_image(w, w, s_lo, s_hi, fmt, rounding, deq_u, dynamic=True)
-    if cs.scale == "per_block":
-        ka = k_axis % w.dim()
+    """Q(W), exactly as every conforming program computes it (DESIGN 1.1: weights are cast
+    exactly, round to nearest, with the scales of kcverify.kernels.scale): a point."""
+    from kcverify.kernels.scale import quantize_weight
 
-        def blk(x_lo: torch.Tensor, x_hi: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-            a = x_hi.abs().amax(dim=d, keepdim=True)
-            return cast_image(x_lo, x_hi, *scale_of(a, a, fmt), fmt, rounding, deq_u, dynamic=True)
-        return _blocked(w, w, ka, int(cs.block_size or 32), blk)
-    raise ValueError(f"unknown weight scale {cs.scale!r}")
+    q, _ = quantize_weight(w.to(torch.float64), cs, out_axis, k_axis)
+    return q, q.clone()

@@ -137,7 +137,7 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
     st: dict[str, Any] = dict(state)
     for name, arr in graph.initializers.items():
         if name not in st:
-            st[name] = Concrete(torch.as_tensor(np.asarray(arr)).to(dev))
+            st[name] = Concrete(torch.as_tensor(np.array(arr)).to(dev))
     outs = {v.name for v in graph.outputs} | set(keep or ())
     last_use: dict[str, int] = {}
     for k, n in enumerate(graph.nodes):
@@ -261,9 +261,12 @@ def _as_feeds(graph: Graph, feeds: Any) -> dict[str, np.ndarray]:
     return d
 
 
-def _to_diffbox(x: Any) -> DiffBox:
+def _to_diffbox(x: Any, ctx: RuleCtx) -> DiffBox:
+    """A state as a DiffBox; a concrete float a realization may have rounded is widened."""
     if isinstance(x, Box):
         return x.to_diffbox()
+    if x.value.is_floating_point():
+        return ctx.lift(x).to_diffbox()
     return DiffBox.point(x.value.detach().to("cpu").to(F64).numpy())
 
 
@@ -291,7 +294,10 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
     st = {name: _from_diffbox(g, name, d, dev) for name, d in in_state.items()}
     out = run_graph(g, train_spec, inf_spec, st, domain, dev, region_tensors,
                     keep=set(getattr(block, "outputs", ())))
-    return {k: _to_diffbox(v) for k, v in out.items()}
+    if not out:
+        return {}
+    ctx = RuleCtx(g.nodes[0], train_spec, inf_spec, set(), g.opset, dev)
+    return {k: _to_diffbox(v, ctx) for k, v in out.items()}
 
 
 @dataclass

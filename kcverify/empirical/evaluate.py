@@ -17,6 +17,9 @@ Decision rules (the statistics are in kcverify.empirical.stats):
   1 - q (or the clause's own budget when it gives one).
 * **peak_memory_mb**: one measurement, compared with the threshold (method "measured").
 
+Runtime is measured on onnxruntime running the model (or the spec's QDQ graph) on CPU, and on
+kcverify's torch executor on CUDA; the bit-exact emulation of a spec is far too slow to time.
+
 ``budget_means="alpha"`` selects the other reading of a budget: the aggregate itself must meet the
 threshold at confidence 1 - budget (a bootstrap bound on the aggregate).
 
@@ -243,29 +246,73 @@ def run_both_kernels(graph: Any, train_spec: Any, inf_spec: Any, feeds: Mapping[
     return np.concatenate(train_parts), np.concatenate(inf_parts)
 
 
-def measure_kernel_runtime(graph: Any, spec: Any, feeds: Mapping[str, Any], device: str = "cpu",
-                           warmup: int = 2, repeats: int = 5, base_dir: Any = None,
-                           per_input: bool = True, **choices: Any) -> RuntimeSample:
-    """Latency and peak memory of the inference kernel: one call per input (batch 1) when
-    ``per_input``, else one call on the whole batch; ``warmup`` untimed rounds first."""
+RUNTIME_BACKENDS = ("onnxruntime", "executor", "realization")
+
+
+def kernel_callable(graph: Any, spec: Any, device: str = "cpu", backend: str = "onnxruntime",
+                    base_dir: Any = None, **choices: Any) -> Any:
+    """A function feeds -> outputs that runs the inference kernel for timing.
+
+    ``onnxruntime`` (default on CPU): the model (or the spec's second, e.g. QDQ, ONNX graph) in an
+    onnxruntime session, the closest executable stand-in for a serving kernel on this machine;
+    ``executor``: kcverify's torch executor in fp32 on ``device`` (the default on CUDA);
+    ``realization``: the bit-exact emulation of the spec (kcverify.kernels.realize), which
+    rounds every operation in float64 and is orders of magnitude slower than a real kernel.
+    """
+    if backend not in RUNTIME_BACKENDS:
+        raise ValueError(f"unknown runtime backend {backend!r}; expected one of {RUNTIME_BACKENDS}")
+    if backend == "onnxruntime":
+        import os
+
+        import onnxruntime as ort
+
+        if getattr(spec, "onnx", None):
+            path = spec.onnx if base_dir is None else os.path.join(os.fspath(base_dir), spec.onnx)
+            model_bytes = open(path, "rb").read()
+        else:
+            model_bytes = graph.to_onnx().SerializeToString()
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+        names = [i.name for i in sess.get_inputs()]
+        return lambda f: sess.run(None, {k: np.asarray(f[k]) for k in names})
+    if backend == "executor":
+        import torch
+
+        from kcverify.models.executor import Executor
+
+        ex = Executor(graph, device=device, dtype=torch.float32)
+
+        def run_executor(f: Mapping[str, Any]) -> Any:
+            out = ex.run(f)
+            if str(device).startswith("cuda"):
+                torch.cuda.synchronize(device)
+            return out
+
+        return run_executor
     from kcverify.kernels.realize import run_kernel
 
+    return lambda f: run_kernel(graph, spec, f, device=device, base_dir=base_dir, **choices)
+
+
+def measure_kernel_runtime(graph: Any, spec: Any, feeds: Mapping[str, Any], device: str = "cpu",
+                           warmup: int = 2, repeats: int = 5, base_dir: Any = None,
+                           per_input: bool = True, backend: str | None = None,
+                           **choices: Any) -> RuntimeSample:
+    """Latency and peak memory of the inference kernel: one call per input (batch 1) when
+    ``per_input``, else one call on the whole batch; ``warmup`` untimed rounds first. ``backend``
+    (see kernel_callable) defaults to onnxruntime on CPU and the executor on CUDA."""
+    if backend is None:
+        backend = "executor" if str(device).startswith("cuda") else "onnxruntime"
     arrays = {k: np.asarray(v) for k, v in feeds.items()}
     n = int(next(iter(a.shape[0] for a in arrays.values())))
     if per_input:
         args = [{k: a[i:i + 1] for k, a in arrays.items()} for i in range(n)]
     else:
         args = [arrays]
-
-    def call(f: Mapping[str, Any]) -> Any:
-        out = run_kernel(graph, spec, f, device=device, base_dir=base_dir, **choices)
-        if str(device).startswith("cuda"):
-            import torch
-
-            torch.cuda.synchronize(device)
-        return out
-
-    return measure_runtime(call, args, warmup=warmup, repeats=repeats, device=device)
+    call = kernel_callable(graph, spec, device, backend, base_dir, **choices)
+    sample = measure_runtime(call, args, warmup=warmup, repeats=repeats, device=device)
+    return replace(sample, backend=backend)
 
 
 def slice_inputs(logits_train: np.ndarray, logits_inf: np.ndarray, labels: np.ndarray | None = None,

@@ -9,7 +9,8 @@ The planner's entry point into the empirical fallback:
 Slices are loaded from the contract (paths relative to the contract file); each slice's outputs
 of both kernels (one conforming program each, default choices) are computed once and cached; the
 inference kernel's runtime is measured once per slice, with enough timed calls for the clause's
-percentile to be decidable (kcverify.empirical.evaluate.min_sample_size). ``max_inputs`` caps a
+percentile to be decidable (kcverify.empirical.evaluate.min_sample_size), on onnxruntime by
+default on CPU (see evaluate.kernel_callable for why not the emulation). ``max_inputs`` caps a
 slice's size (the first inputs, in file order), for quick runs.
 """
 
@@ -45,7 +46,8 @@ class EmpiricalRun:
     def __init__(self, contract: Any, graph: Any, device: str = "cpu", output: str | None = None,
                  batch_size: int | None = None, confidence: float = DEFAULT_CONFIDENCE,
                  max_inputs: int | None = None, warmup: int = 2, min_repeats: int = 3,
-                 program: Program | None = None, budget_means: str = "exceedance") -> None:
+                 program: Program | None = None, budget_means: str = "exceedance",
+                 runtime_backend: str | None = None) -> None:
         self.contract = contract
         self.graph = graph
         self.device = device
@@ -57,6 +59,7 @@ class EmpiricalRun:
         self.min_repeats = min_repeats
         self.program = program or Program()
         self.budget_means = budget_means
+        self.runtime_backend = runtime_backend
         self.base_dir = Path(contract.path).parent
         self._slices: dict[str, SliceData] = {}
         self._outputs: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -102,7 +105,7 @@ class EmpiricalRun:
             self._runtime[name] = measure_kernel_runtime(
                 self.graph, self.contract.kernels["inf"], self.feeds(name), device=self.device,
                 warmup=self.warmup, repeats=repeats, base_dir=self.base_dir,
-                **self.program.choices())
+                backend=self.runtime_backend, **self.program.choices())
         return self._runtime[name]
 
     def metric_inputs(self, name: str, metric: str, temperature: float = 1.0,

@@ -39,6 +39,7 @@ class RuntimeSample:
     warmup: int
     repeats: int
     memory_method: str
+    backend: str = "callable"  # what ran: onnxruntime | executor | realization | callable
 
     @property
     def n(self) -> int:

@@ -177,3 +177,25 @@ def test_run_both_kernels_on_example_mlp(root: Path, tmp_path: Path) -> None:
     assert s1.sample_size == 12 and s1.confidence == 0.95 and s1.slices[0].n == 12
     r1 = evaluate_clause(contract.clause("R-1"), inputs)
     assert r1.verdict is Verdict.PASSED and r1.sample_size == 60  # 60 calls, none over 10 s
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "executor", "realization"])
+def test_runtime_backends_run_the_model(root: Path, backend: str) -> None:
+    from kcverify.empirical.evaluate import kernel_callable, measure_kernel_runtime
+    from kcverify.kernels.spec import parse_kernel_spec
+    from kcverify.models.ir import load_onnx
+
+    model = root / "models" / "mlp_tiny.onnx"
+    if not model.exists():
+        pytest.skip("no example MLP")
+    graph = load_onnx(model)
+    spec = parse_kernel_spec("inf", {"compute": "fp32", "accumulate": "fp32"})
+    x = {graph.inputs[0].name: np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)}
+    out = kernel_callable(graph, spec, backend=backend)(x)
+    y = out[0] if isinstance(out, list) else out[graph.outputs[0].name].detach().numpy()
+    ref = kernel_callable(graph, spec, backend="executor")(x)[graph.outputs[0].name].numpy()
+    assert np.allclose(y, ref, atol=1e-5)
+    s = measure_kernel_runtime(graph, spec, x, warmup=1, repeats=2, backend=backend)
+    assert s.backend == backend and s.n == 6 and np.all(s.latencies_ms > 0)
+    with pytest.raises(ValueError, match="unknown runtime backend"):
+        kernel_callable(graph, spec, backend="tpu")

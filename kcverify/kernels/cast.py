@@ -4,9 +4,10 @@ Every function here works on float64 torch tensors (any device) and is exact:
 
 * ``round_to_format(x, fmt, mode)`` rounds each float64 value to the format's grid. It computes the
   grid step q = 2^(max(E, emin) - mantissa_bits) of x's binade (E = floor(log2|x|)), so x / q is an
-  exact power-of-two scaling and torch.round / floor / ceil on it is round-to-nearest-even /
-  toward -inf / toward +inf with a single rounding. (torch's own ``float64 -> float8 / bfloat16 /
-  float16`` conversions go through float32 and so round twice; the tests show the difference.)
+  exact power-of-two scaling and rounding it to an integer (half to even / floor / ceil) is
+  round-to-nearest-even / toward -inf / toward +inf with a single rounding. (torch's own
+  ``float64 -> float8 / bfloat16 / float16`` conversions go through float32 and so round twice,
+  and so do ml_dtypes'; the tests show the difference.)
 * ``cast_grid(t, fmt, s)`` = cast(t / s) with the quotient taken in float64. For t and s that are
   float32 numbers (the executor's tensors, and every scale kcverify makes: scales are float32)
   the quotient's float64 rounding never moves it across a grid point or midpoint of any format
@@ -56,6 +57,31 @@ def grid_step(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(x), ex)
 
 
+_MAGIC = 1.5 * 2.0**52
+
+
+def _rne(y: torch.Tensor) -> torch.Tensor:
+    """Round half to even to an integer, for float64 y. (y + 1.5*2^52) - 1.5*2^52 rounds once,
+    to nearest-even, for |y| < 2^51 (the sign of zero kept). On some CPU builds torch.round /
+    floor / ceil on non-integral float64 take a slow scalar path (~1000x slower than an add), so
+    they serve only the rare larger magnitudes."""
+    r = torch.copysign((y + _MAGIC) - _MAGIC, y)
+    big = ~(y.abs() < 2.0**51)
+    if big.any():
+        r = torch.where(big, torch.round(y), r)
+    return r
+
+
+def _floor(y: torch.Tensor) -> torch.Tensor:
+    r = _rne(y)
+    return torch.where(r > y, r - 1.0, r)
+
+
+def _ceil(y: torch.Tensor) -> torch.Tensor:
+    r = _rne(y)
+    return torch.where(r < y, r + 1.0, r)
+
+
 def _is_fp64(fmt: Format) -> bool:
     return fmt.kind == "float" and fmt.mantissa_bits >= 52
 
@@ -77,17 +103,17 @@ def round_to_format(x: torch.Tensor, fmt: Format | str, mode: str = "nearest",
     if _is_fp64(fmt):
         return x.clone()
     if mode == "nearest":
-        r = _directed(x, fmt, torch.round)
+        r = _directed(x, fmt, _rne)
         toward_zero = torch.zeros_like(x, dtype=torch.bool)
     elif mode == "up":
-        r = _directed(x, fmt, torch.ceil)
+        r = _directed(x, fmt, _ceil)
         toward_zero = r < 0
     elif mode == "down":
-        r = _directed(x, fmt, torch.floor)
+        r = _directed(x, fmt, _floor)
         toward_zero = r > 0
     else:
-        lo = _directed(x, fmt, torch.floor)
-        hi = _directed(x, fmt, torch.ceil)
+        lo = _directed(x, fmt, _floor)
+        hi = _directed(x, fmt, _ceil)
         pick_hi = torch.rand(x.shape, generator=generator, dtype=_F64,
                              device="cpu" if generator is None else generator.device).to(x.device) < 0.5
         r = torch.where(pick_hi, hi, lo)
@@ -167,10 +193,26 @@ def round_nearest_dd(hi: torch.Tensor, lo: torch.Tensor, fmt: Format) -> torch.T
     """
     if _is_fp64(fmt):
         return hi
+    if fmt.name == "fp32":
+        return _round_nearest_dd_fp32(hi, lo)
+    return _round_nearest_dd_grid(hi, lo, fmt)
+
+
+def _round_nearest_dd_fp32(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """round_nearest_dd for fp32 via the hardware float64 -> float32 conversion (one RNE
+    rounding, IEEE overflow), with the same midpoint correction."""
+    r = hi.to(torch.float32).to(_F64)
+    d = hi - r  # exact
+    other = r + 2.0 * d  # the other neighbour when hi is a midpoint
+    mid = (d != 0) & (other.to(torch.float32).to(_F64) == other) & (lo * d > 0)
+    return torch.where(mid & torch.isfinite(hi), other, r)
+
+
+def _round_nearest_dd_grid(hi: torch.Tensor, lo: torch.Tensor, fmt: Format) -> torch.Tensor:
     q = grid_step(hi, fmt)
     y = hi / q
-    fl = torch.floor(y)
-    r = torch.round(y)
+    fl = _floor(y)
+    r = _rne(y)
     mid = ((y - fl) == 0.5) & (lo != 0)
     r = torch.where(mid, torch.where(lo > 0, fl + 1.0, fl), r) * q
     r = torch.where(torch.isfinite(hi), r, hi)

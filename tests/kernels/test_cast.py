@@ -210,3 +210,38 @@ def test_error_free_add_and_mul_round_once() -> None:
     exact = Fraction(1 + 2**-23) * Fraction(1 + 2**-30)
     got = mul_nearest(x, y, fp32).item()
     assert abs(Fraction(got) - exact) <= Fraction(2**-24) * exact
+
+
+def test_fast_integer_rounding_is_half_to_even() -> None:
+    from kcverify.kernels.cast import _floor, _rne
+
+    rng = np.random.default_rng(6)
+    y = rng.standard_normal(20000) * np.exp2(rng.integers(-5, 60, 20000))
+    y[:8] = [0.5, 1.5, 2.5, -0.5, -2.5, 2.0**51 + 0.5, 2.0**51 + 1.5, -(2.0**52) - 1]
+    t = torch.tensor(y)
+    assert torch.equal(_rne(t), torch.round(t)) and torch.equal(_floor(t), torch.floor(t))
+    assert torch.signbit(_rne(torch.tensor([-0.25], dtype=torch.float64))).item()
+    from kcverify.kernels.cast import _ceil
+
+    assert torch.equal(_ceil(t), torch.ceil(t))
+    z = torch.tensor([-0.0, 0.0, -0.5, 0.5], dtype=torch.float64)
+    assert torch.equal(_floor(z), torch.floor(z)) and torch.equal(_ceil(z), torch.ceil(z))
+
+
+def test_fp32_fast_path_agrees_with_the_grid_rounding() -> None:
+    from kcverify.kernels.cast import _round_nearest_dd_fp32, _round_nearest_dd_grid, two_sum
+
+    fp32 = get_format("fp32")
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal(50000) * np.exp2(rng.integers(-140, 120, 50000))
+    b = rng.standard_normal(50000) * np.exp2(rng.integers(-140, 120, 50000))
+    # exact fp32 midpoints nudged by tiny float64 parts, and overflow
+    m32 = rng.standard_normal(1000).astype(np.float32)
+    m = (m32.astype(np.float64) + np.nextafter(m32, np.float32(np.inf)).astype(np.float64)) / 2
+    a[:1000], b[:1000] = m, rng.choice([-1.0, 0.0, 1.0], 1000) * np.abs(m) * 2.0**-60
+    a[1000:1010], b[1000:1010] = 3.4e38, 1e37
+    hi, lo = two_sum(torch.tensor(a), torch.tensor(b))
+    fast = _round_nearest_dd_fp32(hi, lo)
+    grid = _round_nearest_dd_grid(hi, lo, fp32)
+    assert torch.equal(fast, grid)
+    assert torch.isinf(fast[1000:1010]).all()

@@ -50,6 +50,50 @@ class CheckReport:
     statement: dict[str, Any] | None = None
 
 
+def slice_input_region(contract: Any, model_path: str | os.PathLike[str], notes: list[str]
+                       ) -> Callable[[str], Mapping[str, Any]]:
+    """input_region from the contract's own slice data (kcverify.empirical.slices): each model
+    input's raw values as a point, or the box [x − eps, x + eps] (rounded outward) of an
+    input-space region (which also encloses an L2 ball). An embedding-space region lies inside
+    the graph, so the raw inputs stay points. Missing data files leave a note, not a problem."""
+    import numpy as np
+
+    from kcverify.certs.records import StoredBox
+
+    cache: dict[str, dict[str, Any]] = {}
+
+    def region(name: str) -> Mapping[str, Any]:
+        if name in cache:
+            return cache[name]
+        sl = getattr(contract, "slices", {}).get(name)
+        if sl is None:
+            raise CertificateError(f"the chain names slice {name!r}, which the contract lacks")
+        try:
+            from kcverify.empirical.slices import load_slice
+            from kcverify.models.ir import load_onnx
+
+            data = load_slice(sl, base_dir=Path(contract.path).parent)
+            feeds = data.feeds([v.name for v in load_onnx(model_path).inputs])
+        except (ImportError, InputFileError) as e:
+            notes.append(f"slice {name!r}: inputs not compared with its data ({e})")
+            cache[name] = {}
+            return cache[name]
+        reg = getattr(sl, "region", None)
+        out: dict[str, Any] = {}
+        for k, v in feeds.items():
+            x = np.asarray(v, dtype=np.float64)
+            lo, hi = x, x
+            if reg is not None and reg.space == "input" and reg.eps > 0 and v.dtype.kind == "f":
+                lo = np.nextafter(x - reg.eps, -np.inf)
+                hi = np.nextafter(x + reg.eps, np.inf)
+            z = np.zeros_like(x)
+            out[k] = StoredBox(lo, hi, lo, hi, z, z)
+        cache[name] = out
+        return out
+
+    return region
+
+
 def _load_contract(contract_path: str | os.PathLike[str]) -> Any:
     try:
         from kcverify.dsl import load_contract
@@ -162,6 +206,8 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
         recheck_block, why = default_recheck(model_path, kernel_specs)
         if why:
             notes.append(f"blocks not re-run: {why}")
+    if input_region is None and contract is not None and hasattr(contract, "slices"):
+        input_region = slice_input_region(contract, model_path, notes)
     if store_input == "default":
         from kcverify.certs.recheck import default_store_input
 
@@ -179,7 +225,7 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
     if unused:
         notes.append(f"block certificates not used by any proof: {unused}")
     if input_region is None:
-        notes.append("chains' input regions not compared with the slices' data (no input_region)")
+        notes.append("chains' input regions not compared with the slices' data (no contract)")
     for c in pred["clauses"]:
         if c["verdict"] == "refuted":
             notes.append(f"clause {c['id']}: counterexample not replayed (stored evidence)")

@@ -313,7 +313,7 @@ class Sequential(Rule):
                                     f"slice {sl!r}")
                 if not inputs[t].contains(want):
                     raise RuleError(f"sequential: the assumed region for input {t!r} does not "
-                                    f"contain slice {sl!r}'s inputs")
+                                    f"contain the inputs of slice {sl!r}")
         stored_inputs = {t: (ctx.store_input(t, b) if ctx.store_input is not None else b)
                          for t, b in inputs.items()}
         produced: dict[str, str] = {}

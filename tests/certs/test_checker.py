@@ -213,4 +213,4 @@ def test_input_region_must_cover_the_slice(example: Any, engine: FakeEngine) -> 
     x = decode_array(seq["params"]["inputs"]["x"]["train_lo"])
     assert check(example, engine, input_region=lambda s: {"x": FakeBox.point(x)}).ok
     rejected(check(example, engine, input_region=lambda s: {"x": FakeBox.point(x + 0.5)}),
-             "does not contain slice 'all''s inputs")
+             "does not contain the inputs of slice 'all'")

@@ -3,6 +3,7 @@ re-checked by re-running bound_block on each block. Skipped while the engine is 
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -76,14 +77,14 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str
 
 
 def test_real_certificate_checks(real: Any) -> None:
-    model, contract, stmt = real
+    model, contract, stmt = real[0], real[1], copy.deepcopy(real[2])
     report = check_certificate(stmt, model, contract)  # defaults: DSL, segmentation, bound_block
     assert report.ok, report.problems
     assert not any("not re-run" in n for n in report.notes), report.notes
 
 
 def test_real_certificate_rejects_a_tightened_block(real: Any) -> None:
-    model, contract, stmt = real
+    model, contract, stmt = real[0], real[1], copy.deepcopy(real[2])
     blk = stmt["predicate"]["blocks"]["1:layer1"]
     (tensor,) = blk["out_state"]
     box = blk["out_state"][tensor]
@@ -97,7 +98,7 @@ def test_real_certificate_rejects_a_tightened_block(real: Any) -> None:
 
 
 def test_real_certificate_rejects_other_inputs(real: Any) -> None:
-    model, contract, stmt = real
+    model, contract, stmt = real[0], real[1], copy.deepcopy(real[2])
     seq = stmt["predicate"]["clauses"][0]["proof"]["premises"][0]["premises"][0]
     assert seq["rule"] == "sequential"
     box = seq["params"]["inputs"]["x"]
@@ -107,3 +108,18 @@ def test_real_certificate_rejects_other_inputs(real: Any) -> None:
     report = check_certificate(stmt, model, contract)
     assert not report.ok
     assert any("does not contain the model-input region" in p for p in report.problems)
+
+
+def test_real_certificate_is_compared_with_the_slice_data(real: Any) -> None:
+    model, contract, stmt = real[0], real[1], copy.deepcopy(real[2])
+    x = np.random.default_rng(0).uniform(-1, 1, size=(3, 4)).astype(np.float32)
+    np.savez(contract.parent / "data.npz", x=x)
+    try:
+        assert check_certificate(stmt, model, contract).ok
+        x[1, 2] += 0.125
+        np.savez(contract.parent / "data.npz", x=x)
+        report = check_certificate(stmt, model, contract)
+        assert not report.ok
+        assert any("does not contain the inputs of slice 'all'" in p for p in report.problems)
+    finally:
+        (contract.parent / "data.npz").unlink()

@@ -38,8 +38,14 @@ def single_node(op: str, inputs: dict[str, np.ndarray], outputs: Sequence[tuple[
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir)
 
 
-def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+            optimize: bool = True) -> list[np.ndarray]:
+    """onnxruntime's outputs; ``optimize=False`` turns off its graph rewrites (which, e.g., fuse
+    DequantizeLinear + MatMul into a kernel that quantizes the activations too)."""
+    opts = ort.SessionOptions()
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 
 

@@ -324,3 +324,23 @@ def test_qdq_blocked_matches_reference_formula() -> None:
     s = np.repeat(scale, 3, axis=1)
     expect = np.clip(np.round(x / s), -128, 127) * s
     np.testing.assert_array_equal(ours_y, expect.astype(np.float32))
+
+
+def test_int4_weight_dequantize_matches_onnxruntime() -> None:
+    """Opset 21 int4 weights (per output channel), dequantized and multiplied: as onnxruntime."""
+    from onnx import helper
+
+    q = rng.integers(-8, 8, size=(6, 4)).astype(ml_dtypes.int4)
+    scale = np.array([0.1, 0.2, 0.05, 0.3], np.float32)
+    x = f(3, 6)
+    inits = [numpy_helper.from_array(q, "wq"), numpy_helper.from_array(scale, "s")]
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "s"], ["w"], axis=1),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]
+    g = helper.make_graph(nodes, "int4", [helper.make_tensor_value_info("x", F32, x.shape)],
+                          [helper.make_tensor_value_info("y", F32, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    (ref,) = run_ort(model, {"x": x}, optimize=False)
+    (ours,) = run_ours(model, {"x": x})
+    assert_close(ours, ref, rtol=1e-6)
+    expect = x @ (q.astype(np.float32) * scale)
+    assert_close(ours, expect, rtol=1e-6)

@@ -21,6 +21,7 @@ INT_TYPES: dict[int, torch.dtype] = {
     TensorProto.INT32: torch.int32, TensorProto.INT64: torch.int64,
     TensorProto.UINT32: torch.uint32, TensorProto.UINT64: torch.uint64,
     TensorProto.BOOL: torch.bool,
+    TensorProto.INT4: torch.int8, TensorProto.UINT4: torch.uint8,  # held widened
 }
 # ONNX float element type -> the torch dtype whose rounding it has (None: the executor's float).
 FLOAT_TYPES: dict[int, torch.dtype | None] = {
@@ -30,6 +31,8 @@ FLOAT_TYPES: dict[int, torch.dtype | None] = {
 }
 _ML_FLOATS = {np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn),
               np.dtype(ml_dtypes.float8_e5m2)}
+
+_ML_INTS = {np.dtype(ml_dtypes.int4): np.int8, np.dtype(ml_dtypes.uint4): np.uint8}
 
 
 def round_to(value: torch.Tensor, fmt: torch.dtype | None, saturate: bool = False) -> torch.Tensor:
@@ -67,6 +70,8 @@ def from_numpy(arr: np.ndarray, float_dtype: torch.dtype, device: torch.device |
     """A numpy array (ml_dtypes floats too) as a tensor: floats in ``float_dtype`` (exact for
     every narrower format), integers and booleans in their own dtype."""
     a = np.asarray(arr)
+    if a.dtype in _ML_INTS:
+        a = a.astype(_ML_INTS[a.dtype])
     if a.dtype in _ML_FLOATS or a.dtype.kind == "f":
         return torch.from_numpy(np.array(a, dtype=np.float64, copy=True)).to(device, float_dtype)
     if a.dtype == np.bool_:

@@ -1,4 +1,4 @@
-"""QuantizeLinear / DequantizeLinear (int8, uint8, float8 e4m3fn / e5m2), per tensor, per axis
+"""QuantizeLinear / DequantizeLinear (int8, uint8, int4, uint4, float8 e4m3fn / e5m2), per tensor, per axis
 or per block. The casts are exact (round half to even, saturating as ONNX says); the division by
 the scale is tagged "div" and the multiplication by it "mul".
 
@@ -15,11 +15,12 @@ from kcverify.models.ops._util import norm_axis, round_to
 
 _INT_RANGE = {"int8": (-128, 127, torch.int8), "uint8": (0, 255, torch.uint8),
               "int16": (-32768, 32767, torch.int16), "uint16": (0, 65535, torch.uint16),
-              "int32": (-(2**31), 2**31 - 1, torch.int32)}
+              "int32": (-(2**31), 2**31 - 1, torch.int32),
+              "int4": (-8, 7, torch.int8), "uint4": (0, 15, torch.uint8)}  # 4-bit: held widened
 _FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 # ONNX element type ids of output_dtype (opset 21)
 _OUTPUT_DTYPE = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 17: "float8_e4m3fn",
-                 19: "float8_e5m2"}
+                 19: "float8_e5m2", 21: "uint4", 22: "int4"}
 
 
 def _broadcast(s: torch.Tensor, x: torch.Tensor, axis: int, block_size: int) -> torch.Tensor:

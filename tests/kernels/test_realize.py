@@ -289,3 +289,21 @@ def test_fp64_format_is_the_identity_and_e4m3_constants() -> None:
     assert get_format("fp8_e4m3").max_finite == 448.0
     x = torch.randn(10, dtype=torch.float64)
     assert torch.equal(cast_to(x, "fp64"), x)
+
+
+@pytest.mark.gpu
+def test_realization_is_device_agnostic() -> None:
+    sp = spec(compute="bf16", accumulate="fp32", rounding="any",
+              weights={"format": "fp8_e4m3", "scale": "per_block", "block_size": 16},
+              activations={"format": "fp8_e4m3", "scale": "dynamic_per_token"})
+    rng = np.random.default_rng(18)
+    a = torch.tensor(rng.standard_normal((2, 5, 48)))
+    b = torch.tensor(rng.standard_normal((48, 7)))
+    for order in ORDERS:
+        r = Realization(sp, seed=4, order=order, rounding="random")
+        cpu = r.matmul(MM, a, b, "activations", "weights")
+        r2 = Realization(sp, seed=4, order=order, rounding="random")
+        gpu = r2.matmul(MM, a.cuda(), b.cuda(), "activations", "weights")
+        assert torch.equal(cpu, gpu.cpu())
+        v = torch.tensor(rng.standard_normal(500))
+        assert torch.equal(r.round(MM, "exp", v), r2.round(MM, "exp", v.cuda()).cpu())

@@ -120,3 +120,26 @@ def test_first_mlp_matmul_equals_hand_reference(decoder, ids: np.ndarray) -> Non
     assert np.array_equal(y, ref)
     # and the cast really mattered: the unquantized product is different
     assert not np.allclose(y, x @ w, rtol=1e-3, atol=0)
+
+
+def test_conv_model_through_the_executor() -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kcverify.models.ir import from_onnx
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    g = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    exact = Executor(g, dtype=torch.float64).run({"x": x})["y"]
+    train = run_kernel(g, TRAIN, {"x": x}, order="random", seed=2)["y"]
+    inf = run_kernel(g, FP8, {"x": x}, order="random", seed=2)["y"]
+    assert exact.shape == train.shape == inf.shape == (2, 4, 4, 4)
+    assert (train - exact).abs().max() <= 1e-5 * exact.abs().max()
+    assert (inf - exact).abs().max() > 1e-3 * exact.abs().max()
+    assert (inf - exact).abs().max() < 0.2 * exact.abs().max()

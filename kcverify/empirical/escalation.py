@@ -11,13 +11,15 @@
   (over a window of recent observations: the mean of d_c over the last ``window`` values), tau_c its
   threshold, and w_c its level's weight (L0 = 0.5, L1 = 1, L2 = 2, L3 = 3). With tau_c = 0, d_c is 1 when
   violated, else 0. So H is in [0, 1]: 1 when every clause meets its threshold, 0 when every
-  clause misses it by 100 % or more. Clauses with no observed value are left out; with none, H = 1.
+  clause misses it by 100 % or more. Clauses with no finite observed value (none measured, or a
+  vacuous bound) are left out; with none, H = 1.
 * Routing: the most severe action among violated clauses
   (block > fallback > guard > warn > log > none).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -80,7 +82,7 @@ def health_score(terms: Sequence[HealthTerm], window: int | None = None) -> floa
     """H = 1 - sum w_c d_c / sum w_c, d_c averaged over the last ``window`` values (all if None)."""
     num = den = 0.0
     for t in terms:
-        vals = [float(v) for v in t.values if v is not None and v == v]
+        vals = [float(v) for v in t.values if v is not None and math.isfinite(v)]
         if window is not None:
             vals = vals[-window:]
         if not vals:

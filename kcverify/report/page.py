@@ -77,7 +77,7 @@ def _clause_rows(c: ClauseResult) -> str:
             f'<td>{escape(c.slice or "-")}</td>'
             f'<td class="num">{"-" if c.sample_size is None else c.sample_size}</td>'
             f'<td class="num">{conf}</td><td>{escape(c.level or "-")}</td><td>{act}</td>'
-            f'<td class="note">{escape(c.note)}</td></tr>']
+            f'<td class="note">{"" if c.slices else escape(c.note)}</td></tr>']
     for s in c.slices:
         counted = "" if s.violations is None else f" ({s.violations}/{s.n})"
         rows.append(f'<tr class="slice"><td>└ {escape(s.slice)}</td><td>{_badge(s.verdict)}</td>'

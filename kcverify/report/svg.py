@@ -56,8 +56,9 @@ class _Axis:
 
     def ticks(self) -> list[tuple[float, str]]:
         if self.log:
-            return [(10.0**e, fmt(10.0**e, 2)) for e in range(math.floor(self.lo), math.ceil(self.hi) + 1)
-                    if self.lo <= e <= self.hi]
+            decades = [e for e in range(math.floor(self.lo), math.ceil(self.hi) + 1) if self.lo <= e <= self.hi]
+            every = max(1, math.ceil(len(decades) / 6))
+            return [(10.0**e, fmt(10.0**e, 2)) for e in decades[::-1][::every][::-1]]
         return [(t, fmt(t, 3)) for t in _nice_ticks(self.lo, self.hi)]
 
 
@@ -128,7 +129,10 @@ def drift_chart(blocks: Sequence[BlockDrift], height: int = 320) -> str:
             out.append(f'<rect class="{cls}" x="{x:.1f}" y="{axis.bottom - h:.1f}" width="{bw:.1f}" '
                        f'height="{h:.1f}" data-block="{escape(b.block)}" data-value="{v!r}">'
                        f'<title>{escape(b.block)}: {what} {fmt(v)}</title></rect>')
-        if b.certified and b.observed and b.observed > 0 and math.isfinite(b.certified):
+        if b.certified is not None and math.isinf(b.certified):
+            out.append(f'<text class="ratio" x="{cx - bw / 2:.1f}" y="{axis.top - 3:.1f}" '
+                       f'text-anchor="middle">∞</text>')
+        elif b.certified and b.observed and b.observed > 0:
             ratio = b.certified / b.observed
             out.append(f'<text class="ratio" x="{cx:.1f}" y="{axis.y(b.certified) - 4:.1f}" '
                        f'text-anchor="middle">{fmt(ratio, 3)}×</text>')

@@ -71,3 +71,9 @@ def test_escalate_fills_report() -> None:
     assert r.health == pytest.approx(1 - 2 * d / (2 + 2 + 1))
     r2 = escalate(Report("c", "m", results[:1] + results[2:3]))
     assert r2.action == "none" and r2.health == 1.0 and r2.exit_code == 0
+
+
+def test_health_ignores_values_that_are_not_finite() -> None:
+    terms = [HealthTerm("L3", 1.0, "<=", [float("inf")]), HealthTerm("L1", 1.0, "<=", [float("nan")]),
+             HealthTerm("L2", 1.0, "<=", [1.5])]
+    assert health_score(terms) == pytest.approx(0.5)

@@ -174,3 +174,16 @@ def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1400, 1100)
     assert len(data) > 30_000  # a blank page compresses to a few KB; plots and table do not
+
+
+def test_vacuous_bounds_are_drawn_not_broken() -> None:
+    r = Report("c", "m", [], blocks=[BlockDrift("a", 5e-8, 0.0), BlockDrift("b", float("inf"), 0.26),
+                                     BlockDrift("c", 35.0, 0.17)])
+    html = render_html(r)
+    assert "nan" not in html.lower()
+    p = _parse(html)
+    assert "∞" in " ".join(p.svg_text) and "206×" in " ".join(p.svg_text)
+    for a in _with(p, "rect", "bar-certified"):
+        assert float(a["height"]) >= 0 and float(a["y"]) >= 0
+    ticks = [t for t, a in p.tags if t == "text" and a.get("class") == "tick"]
+    assert len(ticks) <= 7  # ten decades, thinned

@@ -330,10 +330,14 @@ def _part_mismatch(q: Any, want: str | None, part: Mapping[str, Any],
                                               q.aggregate))
     if part.get("stat") not in fine:
         return f"its statistic {part.get('stat')!r} does not bound the clause's {q.aggregate!r}"
+    # Per-input bounds (keep 1) also bound a per-position statistic: every input contributes
+    # the same number m of positions (one tensor shape), each ≤ its input's bound, and mean and
+    # the order statistic ⌈Q(n−1)⌉ of the inputs bound those of the n·m pairs. Per-pair bounds
+    # (keep 2) bound a per-input statistic only through max / min.
     keep = part.get("keep", 1)
-    if part.get("stat") not in (None, "max", "min") and keep != (2 if q.per_position else 1):
-        return (f"its {part.get('stat')} is over {'positions' if keep == 2 else 'inputs'}, the "
-                f"clause's over {'positions' if q.per_position else 'inputs'}")
+    if keep == 2 and not q.per_position and part.get("stat") not in (None, "max", "min"):
+        return (f"its {part.get('stat')} is over (input, position) pairs, the clause's over "
+                "inputs")
     bound = unfx(part["bound"][0]) if isinstance(part.get("bound"), list) else None
     if bound is None or not _CMP[q.op](bound, float(q.threshold)):
         return f"its bound {bound!r} {q.op} {q.threshold!r} does not hold"

@@ -180,3 +180,20 @@ def test_top1_from_margin() -> None:
     zt = logits[0] + rng.uniform(-0.01, 0.01, size=(10000, 3))
     zi = zt + rng.uniform(-0.1, 0.1, size=zt.shape)
     assert np.all(zt.argmax(-1) == zi.argmax(-1))
+
+
+def test_per_input_bounds_bound_per_position_quantiles() -> None:
+    """The checker accepts per-input bounds for per-position aggregates: with m positions per
+    input each ≤ b_i, the statistics over the n·m pairs are ≤ those the aggregate rule gives."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n, m = int(rng.integers(1, 9)), int(rng.integers(1, 6))
+        b = rng.exponential(size=n)
+        v = b[:, None] * rng.uniform(0, 1, size=(n, m))
+        worst = rng.uniform(size=(n, m)) < 0.7
+        v = np.where(worst, b[:, None], v)  # many pairs at their input's bound: the worst case
+        for stat, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("max", 1.0)):
+            bound = vals(conclude("aggregate", [linf(*b)], stat=stat))[0]
+            for method in ("linear", "higher", "inverted_cdf"):
+                assert np.quantile(v, q, method=method) <= bound
+        assert np.mean(v) <= vals(conclude("aggregate", [linf(*b)], stat="mean"))[0] + 1e-15

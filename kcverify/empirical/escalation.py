@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kcverify.report.model import ClauseResult, Report, Verdict
 
@@ -108,6 +109,17 @@ def health_terms(results: Sequence[ClauseResult],
         vals = past + ([value] if value is not None else [])
         terms.append(HealthTerm(r.level, float(r.threshold), r.direction, vals))
     return terms
+
+
+def history_from_reports(reports: Iterable[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """Clause id -> its values in earlier JSON reports (oldest first), for H's recent window."""
+    out: dict[str, list[float]] = {}
+    for body in reports:
+        for c in body.get("clauses", []):
+            v = c.get("value")
+            if isinstance(v, int | float):
+                out.setdefault(str(c.get("id")), []).append(float(v))
+    return out
 
 
 def escalate(report: Report, policy: Mapping[str, str] | None = None,

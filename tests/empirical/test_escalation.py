@@ -77,3 +77,17 @@ def test_health_ignores_values_that_are_not_finite() -> None:
     terms = [HealthTerm("L3", 1.0, "<=", [float("inf")]), HealthTerm("L1", 1.0, "<=", [float("nan")]),
              HealthTerm("L2", 1.0, "<=", [1.5])]
     assert health_score(terms) == pytest.approx(0.5)
+
+
+def test_history_window_from_earlier_reports() -> None:
+    from kcverify.empirical.escalation import history_from_reports
+
+    old = [{"clauses": [{"id": "R-1", "value": 60.0}, {"id": "S-1", "value": None}]},
+           {"clauses": [{"id": "R-1", "value": 50.0}]}]
+    hist = history_from_reports(old)
+    assert hist == {"R-1": [60.0, 50.0]}
+    now = ClauseResult("R-1", "runtime", "passed-empirically", "clopper-pearson", value=30.0,
+                       threshold=40.0, level="L1")
+    # window 2: values 50 (d = 0.25) and 30 (d = 0) -> H = 1 - 0.125
+    assert escalate(Report("c", "m", [now]), history=hist, window=2).health == pytest.approx(0.875)
+    assert escalate(Report("c", "m", [now]), history=hist).health == pytest.approx(1 - 0.75 / 3)

@@ -36,9 +36,9 @@ OPSET = 20
 class CausalSelfAttention(nn.Module):
     """Multi-head attention: softmax(q k^T / sqrt(d_h) + mask) v, with a causal or no mask."""
 
-    def __init__(self, d: int, heads: int, causal: bool) -> None:
+    def __init__(self, d: int, heads: int, causal: bool, sdpa: bool = False) -> None:
         super().__init__()
-        self.heads, self.causal = heads, causal
+        self.heads, self.causal, self.sdpa = heads, causal, sdpa
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
 
@@ -49,6 +49,9 @@ class CausalSelfAttention(nn.Module):
         q = q.reshape(b, t, h, d // h).transpose(1, 2)
         k = k.reshape(b, t, h, d // h).transpose(1, 2)
         v = v.reshape(b, t, h, d // h).transpose(1, 2)
+        if self.sdpa:  # the fused PyTorch op, as modern models call it
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+            return self.proj(y.transpose(1, 2).reshape(b, t, d))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // h))
         if self.causal:
             keep = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
@@ -61,10 +64,10 @@ class CausalSelfAttention(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-LN: x + attn(ln1(x)), then x + mlp(ln2(x)) with a tanh-free (erf) GELU."""
 
-    def __init__(self, d: int, heads: int) -> None:
+    def __init__(self, d: int, heads: int, sdpa: bool = False) -> None:
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = CausalSelfAttention(d, heads, causal=True)
+        self.attn = CausalSelfAttention(d, heads, causal=True, sdpa=sdpa)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,14 +76,19 @@ class DecoderLayer(nn.Module):
 
 
 class TinyDecoder(nn.Module):
+    """GPT: token + position embedding, pre-LN layers, final LayerNorm, linear head (``tied``:
+    the head reuses the token embedding; ``sdpa``: attention by scaled_dot_product_attention)."""
+
     def __init__(self, vocab: int = 256, d: int = 64, heads: int = 4, layers: int = 2,
-                 max_seq: int = 32) -> None:
+                 max_seq: int = 32, sdpa: bool = False, tied: bool = False) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(max_seq, d)
-        self.layers = nn.ModuleList(DecoderLayer(d, heads) for _ in range(layers))
+        self.layers = nn.ModuleList(DecoderLayer(d, heads, sdpa) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
+        if tied:
+            self.head.weight = self.tok.weight
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         t = input_ids.shape[1]

@@ -31,13 +31,17 @@ def build_module():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def torchscript_models(tmp_path_factory: pytest.TempPathFactory, build_module) -> dict[str, Path]:  # type: ignore[no-untyped-def]
     """The tiny decoder and encoder (3 layers) exported by the TorchScript exporter at opset 17,
-    where Gelu is spelled with Erf / Tanh and shapes are computed with Shape/Gather/Unsqueeze."""
+    where Gelu is spelled with Erf / Tanh and shapes are computed with Shape/Gather/Unsqueeze;
+    and a decoder with scaled_dot_product_attention and a head tied to the embedding."""
     import torch
 
     out = tmp_path_factory.mktemp("torchscript")
     paths = {}
-    for name, cls in (("decoder", build_module.TinyDecoder), ("encoder", build_module.TinyEncoder)):
-        model = cls(layers=3)
+    variants = {"decoder": lambda: build_module.TinyDecoder(layers=3),
+                "encoder": lambda: build_module.TinyEncoder(layers=3),
+                "decoder_sdpa_tied": lambda: build_module.TinyDecoder(layers=3, sdpa=True, tied=True)}
+    for name, make in variants.items():
+        model = make()
         build_module.init_weights(model, 7, std=0.08)
         path = out / f"{name}.onnx"
         old = build_module.OPSET

@@ -188,6 +188,34 @@ def unregister_rule(name: str) -> None:
     RULES.pop(name, None)
 
 
+def load_rule_modules(specs: list[str]) -> list[str]:
+    """Import modules that register rules: dotted module names or paths to .py files. Returns
+    the names of the rules they added. A module that cannot be imported is bad input."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    from kcverify.errors import InputFileError
+
+    before = set(RULES)
+    for spec in specs:
+        path = Path(spec)
+        try:
+            if spec.endswith(".py"):
+                if not path.is_file():
+                    raise InputFileError(f"{spec}: no such rule module")
+                mod_spec = importlib.util.spec_from_file_location(f"kcverify_rules_{path.stem}", path)
+                if mod_spec is None or mod_spec.loader is None:
+                    raise InputFileError(f"{spec}: cannot load as a Python module")
+                module = importlib.util.module_from_spec(mod_spec)
+                mod_spec.loader.exec_module(module)
+            else:
+                importlib.import_module(spec)
+        except ImportError as e:
+            raise InputFileError(f"{spec}: cannot import rule module ({e})") from None
+    return sorted(set(RULES) - before)
+
+
 # ---- helpers --------------------------------------------------------------------------------
 
 def _one(premises: list[dict[str, Any]], rule: str, n: int = 1) -> None:

@@ -15,13 +15,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("cert", help="certificate (MODEL.kcert.json), or an ONNX file that embeds one")
     p.add_argument("model", help="the ONNX model")
     p.add_argument("contract", help="the contract (YAML)")
+    p.add_argument("--rules", action="append", default=[], metavar="MODULE",
+                   help="import a module (dotted name or .py file) that registers extra "
+                   "composition rules; repeatable")
     p.add_argument("-v", "--verbose", action="store_true", help="also print notes")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from kcverify.certs.checker import check_certificate
+    from kcverify.certs.rules import load_rule_modules
 
+    load_rule_modules(args.rules)
     report = check_certificate(args.cert, args.model, args.contract)
     if args.verbose or not report.ok:
         for note in report.notes:

@@ -17,6 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--registry", metavar="DIR", help="registry directory (default: "
                    "$KCVERIFY_REGISTRY or ~/.kcverify/registry)")
+    p.add_argument("--rules", action="append", default=[], metavar="MODULE",
+                   help="import a module (dotted name or .py file) that registers extra "
+                   "composition rules; repeatable")
     rs = p.add_subparsers(dest="registry_command", metavar="ACTION", required=True)
     a = rs.add_parser("admit", help="admit MODEL CONTRACT CERT if the certificate checks and "
                       "every hard clause holds")
@@ -46,8 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _registry(args: argparse.Namespace) -> Any:
+    from kcverify.certs.rules import load_rule_modules
     from kcverify.registry import Registry
 
+    load_rule_modules(args.rules)
     return Registry(args.registry)
 
 

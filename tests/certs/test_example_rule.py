@@ -86,3 +86,22 @@ def test_example_rule_is_sound_on_samples(l2_rule: Any) -> None:
     d = rng.uniform(-delta, delta, size=(1000, 21))
     d[0] = delta  # the worst case
     assert np.linalg.norm(d, axis=1).max() <= unfx(c["bounds"][0])
+
+
+def test_rule_modules_are_loaded_for_the_cli(tmp_path: Any) -> None:
+    from kcverify.certs.rules import RULES, load_rule_modules
+    from kcverify.errors import InputFileError
+
+    mod = tmp_path / "my_rules.py"
+    mod.write_text('from kcverify.certs import register_rule\n\n\n'
+                   '@register_rule("always-fails")\n'
+                   'def always_fails(application, ctx):\n'
+                   '    """A check-only rule that rejects every application (for the test)."""\n'
+                   '    return ["never valid"]\n')
+    try:
+        assert load_rule_modules([str(mod)]) == ["always-fails"]
+        assert RULES["always-fails"].check({}, RuleContext()) == ["never valid"]
+    finally:
+        unregister_rule("always-fails")
+    with pytest.raises(InputFileError, match="cannot import rule module"):
+        load_rule_modules(["no_such_module_kcv"])

@@ -82,8 +82,10 @@ def cast_image(lo: torch.Tensor, hi: torch.Tensor, s_lo: torch.Tensor | float,
         absd = s_hi_t / 2
         rel_lo, rel_hi = lo - absd, hi + absd
     else:
-        rel_lo = lo - fmt.u * lo.abs() - fmt.eta * s_hi_t
-        rel_hi = hi + fmt.u * hi.abs() + fmt.eta * s_hi_t
+        # nearest: half a spacing, u|a| + eta*s; any neighbour: a full spacing, 2u|a| + 2eta*s
+        k = 1.0 if rounding == "nearest" else 2.0
+        rel_lo = lo - k * fmt.u * lo.abs() - k * fmt.eta * s_hi_t
+        rel_hi = hi + k * fmt.u * hi.abs() + k * fmt.eta * s_hi_t
         rel_lo = pad_lo(rel_lo, 1e-12)
         rel_hi = pad_hi(rel_hi, 1e-12)
     if rounding == "nearest":

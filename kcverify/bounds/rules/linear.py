@@ -27,26 +27,38 @@ from kcverify.kernels.spec import KernelSpec
 
 
 def _operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tensor, weight: bool,
-             side: str, out_axis: int, k_axis: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Value set of kernel ``spec``'s cast operand."""
+             side: str, out_axis: int, k_axis: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Value set of kernel ``spec``'s cast operand, and an enclosure of cast(x) - x."""
     deq = spec.accumulate.u
-    if weight and spec.weights is not None:
-        if isinstance(x, Concrete) and x.rounds == 0:
-            return weight_cast(x.value.to(lo.device), spec.weights, spec.rounding, out_axis,
-                               k_axis, deq)
-        # a computed constant: cast its value set
-        c_lo, c_hi = weight_cast(lo, spec.weights, spec.rounding, out_axis, k_axis, deq)
-        d_lo, d_hi = weight_cast(hi, spec.weights, spec.rounding, out_axis, k_axis, deq)
-        return torch.minimum(c_lo, d_lo), torch.maximum(c_hi, d_hi)
-    if not weight and spec.activations is not None:
-        return activation_cast(lo, hi, spec.activations, spec.rounding, side, deq)
+    zero = torch.zeros_like(lo)
+    if weight and spec.weights is not None and isinstance(x, Concrete) and x.rounds == 0:
+        q_lo, q_hi = weight_cast(x.value.to(lo.device), spec.weights, spec.rounding, out_axis,
+                                 k_axis, deq)
+        w = x.value.to(lo.device, torch.float64)
+        return q_lo, q_hi, pad_lo(q_lo - w), pad_hi(q_hi - w)
+    cs = spec.weights if weight else spec.activations
+    if cs is not None:
+        c_lo, c_hi = activation_cast(lo, hi, cs, spec.rounding, side, deq)
+        e_lo, e_hi = c_lo - hi, c_hi - lo
+        k = 1.0 if spec.rounding == "nearest" else 2.0  # half / a full spacing
+        if cs.format.kind == "float" and cs.scale in ("none", "static"):
+            s = 1.0 if cs.scale == "none" else float(cs.value or 1.0)
+            r = pad_hi(k * (cs.format.u * torch.maximum(lo.abs(), hi.abs()) + cs.format.eta * s), 1e-9)
+            e_lo, e_hi = torch.maximum(e_lo, -r), torch.minimum(e_hi, r)
+        elif cs.format.kind == "float":  # dynamic: s <= amax_hi / max_finite over the tensor
+            amax = torch.maximum(lo.abs(), hi.abs()).amax()
+            r = pad_hi(k * (cs.format.u * torch.maximum(lo.abs(), hi.abs())
+                            + cs.format.eta * amax / cs.format.max_finite * 1.01), 1e-9)
+            e_lo, e_hi = torch.maximum(e_lo, -r), torch.minimum(e_hi, r)
+        return c_lo, c_hi, e_lo, e_hi
     if weight and isinstance(x, Concrete):
         # stored in the compute format: W itself or its round-to-nearest neighbour
         w = x.value.to(lo.device, torch.float64)
-        if spec.rounding == "nearest":
-            q = rne(w, spec.compute)
-            return torch.minimum(torch.minimum(w, q), lo), torch.maximum(torch.maximum(w, q), hi)
-    return lo, hi
+        q = rne(w, spec.compute)
+        q_lo, q_hi = torch.minimum(torch.minimum(w, q), lo), torch.maximum(torch.maximum(w, q), hi)
+        return q_lo, q_hi, torch.minimum(q - w, zero), torch.maximum(q - w, zero)
+    return lo, hi, zero, zero
 
 
 def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
@@ -58,19 +70,20 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
     for k, spec in enumerate(ctx.kernels):
         a_lo, a_hi = (A.tl, A.th) if k == 0 else (A.il, A.ih)
         b_lo, b_hi = (B.tl, B.th) if k == 0 else (B.il, B.ih)
-        ca = _operand(ctx, spec, a, a_lo, a_hi, a_weight, "left", -2, -1)
-        cb = _operand(ctx, spec, b, b_lo, b_hi, b_weight, "right", b_out_axis, b_k_axis)
+        *ca, ea = _split(_operand(ctx, spec, a, a_lo, a_hi, a_weight, "left", -2, -1))
+        *cb, eb = _split(_operand(ctx, spec, b, b_lo, b_hi, b_weight, "right", b_out_axis, b_k_axis))
+        ca, cb = tuple(ca), tuple(cb)
         lo, hi, magn = imatmul(*ca, *cb)
         acc = gamma(n, spec.accumulate.u) * magn
         lo, hi = lo - acc, hi + acc
         lo, hi, rnd = ctx.round(spec, "mul", lo, hi, steps=2)
         vals += [lo, hi]
         errs.append(pad_hi(acc + rnd))
-        ops.append((ca, cb))
+        ops.append((ca, cb, ea, eb))
     # drift: (A_i - A_t) B_i + A_t (B_i - B_t)
-    (ca_t, cb_t), (ca_i, cb_i) = ops
-    da = _cast_drift(A, ca_t, ca_i)
-    db = _cast_drift(B, cb_t, cb_i)
+    (ca_t, cb_t, ea_t, eb_t), (ca_i, cb_i, ea_i, eb_i) = ops
+    da = _cast_drift(A, ca_t, ca_i, ea_t, ea_i)
+    db = _cast_drift(B, cb_t, cb_i, eb_t, eb_i)
     d1_lo, d1_hi, _ = imatmul(*da, *cb_i)
     d2_lo, d2_hi, _ = imatmul(*ca_t, *db)
     dl = pad_lo(d1_lo + d2_lo) - errs[0] - errs[1]
@@ -78,16 +91,17 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
     return Box.make(*vals, dl, dh)
 
 
-def _cast_drift(X: Box, ct: tuple[torch.Tensor, torch.Tensor], ci: tuple[torch.Tensor, torch.Tensor]
+def _split(op: tuple) -> tuple:
+    return op[0], op[1], (op[2], op[3])
+
+
+def _cast_drift(X: Box, ct: tuple[torch.Tensor, torch.Tensor], ci: tuple[torch.Tensor, torch.Tensor],
+                et: tuple[torch.Tensor, torch.Tensor], ei: tuple[torch.Tensor, torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Enclosure of cast_i(x_i) - cast_t(x_t): drift + (cast_i(x_i) - x_i) - (cast_t(x_t) - x_t),
-    each cast error bounded by (cast image) - (value set); intersected with the images' difference."""
-    ei_lo, ei_hi = ci[0] - X.ih, ci[1] - X.il
-    et_lo, et_hi = ct[0] - X.th, ct[1] - X.tl
-    point_i = bool(((X.ih - X.il) == 0).all())
-    point_t = bool(((X.th - X.tl) == 0).all())
-    lo = X.dl + (ei_lo if not point_i else ci[0] - X.il) - (et_hi if not point_t else ct[1] - X.tl)
-    hi = X.dh + (ei_hi if not point_i else ci[1] - X.ih) - (et_lo if not point_t else ct[0] - X.th)
+    """Enclosure of cast_i(x_i) - cast_t(x_t) = drift + e_i - e_t (e_k = cast_k(x) - x),
+    intersected with the difference of the two cast images."""
+    lo = X.dl + ei[0] - et[1]
+    hi = X.dh + ei[1] - et[0]
     lo = torch.maximum(pad_lo(lo), pad_lo(ci[0] - ct[1]))
     hi = torch.minimum(pad_hi(hi), pad_hi(ci[1] - ct[0]))
     return torch.nan_to_num(lo, nan=-float("inf")), torch.nan_to_num(hi, nan=float("inf"))

@@ -214,3 +214,14 @@ def test_input_region_must_cover_the_slice(example: Any, engine: FakeEngine) -> 
     assert check(example, engine, input_region=lambda s: {"x": FakeBox.point(x)}).ok
     rejected(check(example, engine, input_region=lambda s: {"x": FakeBox.point(x + 0.5)}),
              "does not contain the inputs of slice 'all'")
+
+
+def test_checker_imports_stay_light() -> None:
+    """DESIGN 2: certs/checker depends on nothing heavier than re-checking needs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, kcverify.certs.checker, kcverify.registry; "
+            "print(sorted(m for m in ('torch', 'onnx', 'kcverify.bounds', 'z3') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -237,7 +237,6 @@ def test_concurrent_admits(tmp_path: Path) -> None:
     bad.write_text(json.dumps(st))
     jobs += [(str(tmp_path / "reg"), str(tmp_path / "ex0" / "model.onnx"),
               str(tmp_path / "ex0" / "contract.yaml"), str(bad), 0)] * 2
-    Registry(tmp_path / "reg")  # create the schema once; admits also race on it in real use
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(4) as pool:
         results = pool.map(_admit_worker, jobs)

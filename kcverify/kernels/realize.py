@@ -85,7 +85,7 @@ class Realization:
     """One concrete program conforming to ``spec`` (an Arithmetic; see the module doc)."""
 
     def __init__(self, spec: KernelSpec, seed: int = 0, order: str = "sequential",
-                 chunk: int | None = None, rounding: str = "nearest") -> None:
+                 chunk: int | None = None, rounding: str = "nearest", native: bool = True) -> None:
         if order not in ORDERS:
             raise KernelSpecError(f"unknown accumulation order {order!r}; expected one of {', '.join(ORDERS)}")
         if rounding not in ROUNDINGS:
@@ -97,6 +97,7 @@ class Realization:
         self.order = order
         self.chunk = chunk
         self.rounding = rounding
+        self.native = native  # use torch's own fp32/bf16/fp16 additions where they are exact
         self._weights: dict[tuple[str, int], tuple[torch.Tensor, _Operand]] = {}
 
     def __repr__(self) -> str:
@@ -296,20 +297,55 @@ class Realization:
 
     def _accumulate(self, t: torch.Tensor, plans: dict[int, Any], gen: torch.Generator) -> torch.Tensor:
         """Sum t along its last axis in the accumulator format, in this realization's order."""
-        fmt = self.spec.accumulate
         length = t.shape[-1]
         if length == 0:
             return torch.zeros(t.shape[:-1], dtype=_F64, device=t.device)
+        ad = _Adder.for_terms(t, self.spec.accumulate, self.native)
+        t = ad.load(t)
         if self.order == "sequential":
-            return _sequential(t, fmt)
-        if self.order == "reverse":
-            return _sequential(t.flip(-1), fmt)
-        if self.order == "pairwise":
-            return _pairwise(t, fmt)
-        if self.order == "chunked":
-            return _chunked(t, fmt, self.chunk or 32, "sequential")
-        perm, chunk, across = self._plan(length, plans, gen)
-        return _chunked(t[..., perm.to(t.device)], fmt, chunk, across)
+            out = _sequential(t, ad)
+        elif self.order == "reverse":
+            out = _sequential(t.flip(-1), ad)
+        elif self.order == "pairwise":
+            out = _pairwise(t, ad)
+        elif self.order == "chunked":
+            out = _chunked(t, ad, self.chunk or 32, "sequential")
+        else:
+            perm, chunk, across = self._plan(length, plans, gen)
+            out = _chunked(t[..., perm.to(t.device)], ad, chunk, across)
+        return out.to(_F64)
+
+
+class _Adder:
+    """Correctly rounded addition in the accumulator format.
+
+    Exact path: float64 values, TwoSum and one rounding of the exact sum. Native path, taken when
+    every term is already a value of the format and torch has its dtype (fp32, bf16, fp16): the
+    dtype's own addition, which is correctly rounded for operands in the format (float32 adds
+    are IEEE; bf16 / fp16 adds round the float32 sum, and 24 >= 2p + 2 makes that double rounding
+    innocuous). The tests check both paths agree."""
+
+    _NATIVE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+    def __init__(self, fmt: Format, dtype: torch.dtype | None) -> None:
+        self.fmt = fmt
+        self.dtype = dtype
+
+    @classmethod
+    def for_terms(cls, t: torch.Tensor, fmt: Format, native: bool) -> _Adder:
+        dt = cls._NATIVE.get(fmt.name) if native else None
+        if dt is not None and not torch.equal(t.to(dt).to(_F64), t):
+            dt = None
+        return cls(fmt, dt)
+
+    def load(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.dtype is None else t.to(self.dtype)
+
+    def first(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.dtype is not None else round_to_format(t, self.fmt, saturate=False)
+
+    def add(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b if self.dtype is not None else add_nearest(a, b, self.fmt)
 
 
 def _split_scale(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -335,33 +371,33 @@ def _segments(k: int, block_a: int | None, block_b: int | None) -> list[int]:
     return sorted(cuts)
 
 
-def _sequential(t: torch.Tensor, fmt: Format) -> torch.Tensor:
-    s = round_to_format(t[..., 0], fmt, saturate=False)
+def _sequential(t: torch.Tensor, ad: _Adder) -> torch.Tensor:
+    s = ad.first(t[..., 0])
     for i in range(1, t.shape[-1]):
-        s = add_nearest(s, t[..., i], fmt)
+        s = ad.add(s, t[..., i])
     return s
 
 
-def _pairwise(t: torch.Tensor, fmt: Format) -> torch.Tensor:
+def _pairwise(t: torch.Tensor, ad: _Adder) -> torch.Tensor:
     if t.shape[-1] == 1:
-        return round_to_format(t[..., 0], fmt, saturate=False)
+        return ad.first(t[..., 0])
     while t.shape[-1] > 1:
         n = t.shape[-1]
-        head = add_nearest(t[..., 0:n - 1:2], t[..., 1::2], fmt)
+        head = ad.add(t[..., 0:n - 1:2], t[..., 1::2])
         t = torch.cat([head, t[..., n - 1:]], dim=-1) if n % 2 else head
     return t[..., 0]
 
 
-def _chunked(t: torch.Tensor, fmt: Format, chunk: int, across: str) -> torch.Tensor:
+def _chunked(t: torch.Tensor, ad: _Adder, chunk: int, across: str) -> torch.Tensor:
     n = t.shape[-1]
     chunk = max(1, min(chunk, n))
     nc = -(-n // chunk)
     if nc * chunk != n:
         t = F.pad(t, (0, nc * chunk - n))
-    partial = _sequential(t.reshape(*t.shape[:-1], nc, chunk), fmt)
+    partial = _sequential(t.reshape(*t.shape[:-1], nc, chunk), ad)
     if nc == 1:
         return partial[..., 0]
-    return _pairwise(partial, fmt) if across == "pairwise" else _sequential(partial, fmt)
+    return _pairwise(partial, ad) if across == "pairwise" else _sequential(partial, ad)
 
 
 def random_realization(spec: KernelSpec, rng: _random.Random | np.random.Generator | int) -> Realization:

@@ -43,6 +43,8 @@ class Block:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     digest: str
+    stream_in: str | None = None  # the cut tensor the block starts from (None: model inputs)
+    stream_out: str | None = None  # the cut tensor it ends at (None: no single tensor)
 
     @property
     def num_nodes(self) -> int:
@@ -156,7 +158,8 @@ def segment(graph: Graph) -> list[Block]:
     producers = graph.producers()
     dynamic = [n for n in graph.nodes if not all((not o) or o in const for o in n.outputs)]
     if not graph.inputs or not dynamic:
-        return [_make(graph, "model", "other", [n.name for n in graph.nodes], [], producers, const)]
+        return [_make(graph, "model", "other", [n.name for n in graph.nodes], [], producers, const,
+                      None, None)]
     _, stream = _primary_input(graph, const)
     primary = [n for n in dynamic if any(i in stream for i in n.inputs if i)]
     cuts = _cuts(graph, stream, primary)
@@ -168,6 +171,8 @@ def segment(graph: Graph) -> list[Block]:
             segs.append(primary[prev + 1:k + 1])
             prev = k
     groups = _group(segs, stream) if len(segs) > 1 else [("model", "other", 0, len(segs) - 1)]
+    # the cut tensor that ends each segment (the last segment may end at the model's outputs)
+    seg_end = {j: t for j, (_, t) in enumerate(cuts)}
     block_of: dict[str, int] = {}
     for b, (_, _, a, z) in enumerate(groups):
         for s in segs[a:z + 1]:
@@ -202,15 +207,18 @@ def segment(graph: Graph) -> list[Block]:
             if i and p is not None and i not in const and block_of.get(p.name, b) < b:
                 needed_later[block_of[p.name]].add(i)
     blocks = []
-    for b, (name, kind, _, _) in enumerate(groups):
+    for b, (name, kind, first, last_seg) in enumerate(groups):
         produced = [o for nm in members[b] for o in by_name[nm].outputs if o]
         outs = [o for o in produced if o in needed_later[b] or o in outputs]
-        blocks.append(_make(graph, name, kind, members[b], outs, producers, const))
+        s_in = seg_end.get(first - 1) if first > 0 else None
+        s_out = seg_end.get(last_seg)
+        blocks.append(_make(graph, name, kind, members[b], outs, producers, const, s_in, s_out))
     return blocks
 
 
 def _make(graph: Graph, name: str, kind: str, node_names: list[str], outputs: list[str],
-          producers: dict[str, Node], const: set[str]) -> Block:
+          producers: dict[str, Node], const: set[str], stream_in: str | None,
+          stream_out: str | None) -> Block:
     """A block from its nodes, with the constant subgraphs they read copied in."""
     keep = set(node_names)
     todo = list(node_names)
@@ -225,7 +233,8 @@ def _make(graph: Graph, name: str, kind: str, node_names: list[str], outputs: li
     if not outputs:
         outputs = [v.name for v in graph.outputs]
     sub = graph.subgraph(keep, outputs, name=f"{graph.name}/{name}")
-    return Block(name, kind, sub, tuple(v.name for v in sub.inputs), tuple(outputs), sub.digest())
+    return Block(name, kind, sub, tuple(v.name for v in sub.inputs), tuple(outputs), sub.digest(),
+                 stream_in, stream_out)
 
 
 def run_blocks(blocks: list[Block], feeds: dict, executor_factory=None) -> dict:  # type: ignore[type-arg]

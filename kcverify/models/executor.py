@@ -47,8 +47,12 @@ def unsupported_ops(graph: Graph) -> list[tuple[str, str, str]]:
     missing = []
     for n in graph.nodes:
         impl = lookup(n.op_type, n.domain, _opset(graph, n.domain))
-        if impl is None or any(a not in impl.attrs for a in n.attrs):
+        if impl is None:
             missing.append((n.op_type, n.domain, n.name))
+            continue
+        unknown = sorted(a for a in n.attrs if a not in impl.attrs)
+        if unknown:
+            missing.append((f"{n.op_type} with attribute {', '.join(unknown)}", n.domain, n.name))
     return missing
 
 

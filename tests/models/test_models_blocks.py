@@ -53,6 +53,10 @@ def test_decoder_blocks() -> None:
     assert abs(blocks[1].num_params - blocks[2].num_params) <= 8
     assert blocks[3].num_params == 256 * 64 + 2 * 64  # head matrix and the final LayerNorm
     assert blocks[3].outputs == ("logits",)
+    # consecutive blocks meet at one stream tensor
+    assert blocks[0].stream_in is None and blocks[-1].stream_out == "logits"
+    for a, b in zip(blocks, blocks[1:]):
+        assert a.stream_out == b.stream_in and a.stream_out in b.inputs and a.stream_out in a.outputs
 
 
 def test_encoder_and_mlp_blocks() -> None:
@@ -112,3 +116,19 @@ def test_minilm_blocks(minilm_path: Path) -> None:
     blocks = check_composition(graph, feeds)
     assert [b.kind for b in blocks] == ["embedding"] + ["layer"] * 6
     assert len({b.digest for b in blocks}) == 7
+
+
+def test_graph_without_cuts_is_one_block() -> None:
+    """y = x + relu(x) * x: no single tensor separates input from output."""
+    from onnx import TensorProto, helper
+
+    from kcverify.models.ir import from_onnx
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["r", "x"], ["m"]),
+             helper.make_node("Add", ["x", "m"], ["y"])]
+    g = from_onnx(helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                                    opset_imports=[helper.make_opsetid("", 17)]))
+    blocks = check_composition(g, {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 2})
+    assert [(b.name, b.kind, b.num_nodes) for b in blocks] == [("model", "other", 3)]

@@ -18,7 +18,7 @@ from kcverify.errors import UnsupportedOpError
 from kcverify.kernels.spec import DEFAULT_ULPS
 from kcverify.models.executor import ExecutionError, Executor
 from kcverify.models.inspection import random_feeds
-from kcverify.models.ir import from_onnx, load_onnx
+from kcverify.models.ir import Graph, Node, ValueInfo, from_onnx, load_onnx
 
 
 def ort_run(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -171,6 +171,14 @@ def test_op_below_its_opset_is_unsupported() -> None:
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
     with pytest.raises(UnsupportedOpError, match="Gelu"):
         Executor(from_onnx(model)).check_supported()
+
+
+def test_unknown_attribute_is_reported() -> None:
+    graph = Graph("g", [Node("sm", "Softmax", ("x",), ("y",), {"axis": 1, "temperature": 2.0})],
+                  [ValueInfo("x", "float32", (2, 3))], [ValueInfo("y", "float32", None)], {},
+                  opset=17)
+    with pytest.raises(UnsupportedOpError, match="Softmax with attribute temperature"):
+        Executor(graph).check_supported()
 
 
 def test_bad_feeds_are_named() -> None:

@@ -92,7 +92,7 @@ def evaluate_metric(metric: str | Metric, threshold: float, x: MetricInputs,
     value = m.aggregate(x)
 
     def bootstrap(conf: float) -> Decision:
-        lo, hi = bootstrap_interval(lambda idx: m.aggregate(x.take(idx)), x.n, conf, resamples, seed)
+        lo, hi = bootstrap_interval(m.resampler(x), x.n, conf, resamples, seed)
         return decide_statistic(value, lo, hi, threshold, direction, x.n, conf)
 
     if x.n == 0:

@@ -128,6 +128,17 @@ class Metric:
     fn: Callable[[MetricInputs], Any]
     needs: tuple[str, ...] = ()
     doc: str = ""
+    prepare: Callable[[MetricInputs], Callable[[np.ndarray], float]] | None = None
+
+    def resampler(self, x: MetricInputs) -> Callable[[np.ndarray], float]:
+        """idx -> the aggregate on the units idx (drawn with replacement), for the bootstrap.
+
+        A metric may register ``prepare`` to compute per-unit summaries once (ece_gap does).
+        """
+        self._check_needs(x)
+        if self.prepare is not None:
+            return self.prepare(x)
+        return lambda idx: self.aggregate(x.take(idx))
 
     @property
     def is_statistic(self) -> bool:
@@ -198,7 +209,9 @@ METRICS: dict[str, Metric] = {}
 
 def register_metric(name: str, *, family: str = "statistical", unit: str = "",
                     direction: str = "<=", reduce: Reduce = "mean",
-                    needs: Sequence[str] = ("logits",)) -> Callable[[Callable], Callable]:
+                    needs: Sequence[str] = ("logits",),
+                    prepare: Callable[[MetricInputs], Callable[[np.ndarray], float]] | None = None,
+                    ) -> Callable[[Callable], Callable]:
     """Register ``fn`` as metric ``name``. Decorators stack: one function may back several names.
 
     family: "statistical" | "runtime"; direction: "<=" (smaller is better) or ">=";
@@ -220,7 +233,7 @@ def register_metric(name: str, *, family: str = "statistical", unit: str = "",
         if name in METRICS:
             raise ValueError(f"metric {name!r} is already registered")
         METRICS[name] = Metric(name=name, family=family, unit=unit, direction=direction,
-                               reduce=reduce, fn=fn, needs=tuple(needs),
+                               reduce=reduce, fn=fn, needs=tuple(needs), prepare=prepare,
                                doc=(fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "")
         return fn
 
@@ -331,36 +344,63 @@ def top10_overlap(x: MetricInputs) -> np.ndarray:
 ECE_BINS = 15
 
 
+def _confidence_correct(log_probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per position: confidence max_i p_i, correctness of argmax, and whether it counts (label >= 0).
+
+    Arrays are [n, m] (n inputs, m positions): log_probs [n, ..., V], labels [n, ...].
+    """
+    n = log_probs.shape[0]
+    lp = log_probs.reshape(n, -1, log_probs.shape[-1])
+    y = np.asarray(labels).reshape(n, -1)
+    if y.shape[1] != lp.shape[1]:
+        raise MetricError(f"labels have {y.shape[1]} positions per input but the logits have "
+                          f"{lp.shape[1]}")
+    conf = np.exp(np.max(lp, axis=-1))
+    correct = (np.argmax(lp, axis=-1) == y).astype(np.float64)
+    return conf, correct, y >= 0
+
+
+def _ece(conf: np.ndarray, correct: np.ndarray, keep: np.ndarray, bins: int = ECE_BINS) -> float:
+    conf, correct = conf[keep], correct[keep]
+    if conf.size == 0:
+        return 0.0
+    idx = np.clip(np.ceil(conf * bins).astype(np.int64) - 1, 0, bins - 1)
+    count = np.bincount(idx, minlength=bins).astype(np.float64)
+    gap = np.bincount(idx, weights=correct - conf, minlength=bins)
+    # sum_b |B_b|/N * |acc_b - conf_b| = sum_b |sum_{i in B_b} (correct_i - conf_i)| / N
+    return float(np.sum(np.abs(gap[count > 0])) / conf.size)
+
+
 def expected_calibration_error(log_probs: np.ndarray, labels: np.ndarray, bins: int = ECE_BINS) -> float:
     """ECE = sum_b (|B_b| / N) |acc(B_b) - conf(B_b)| over equal-width confidence bins.
 
     confidence = max_i p_i, prediction = argmax_i p_i; bin b holds confidences in (b/B, (b+1)/B]
     (the first bin also holds 0). Positions with a negative label are ignored.
     """
-    lp = log_probs.reshape(-1, log_probs.shape[-1])
-    y = np.asarray(labels).reshape(-1)
-    if y.shape[0] != lp.shape[0]:
-        raise MetricError(f"labels have {y.shape[0]} positions but the logits have {lp.shape[0]}")
-    keep = y >= 0
-    lp, y = lp[keep], y[keep]
-    if y.size == 0:
-        return 0.0
-    conf = np.exp(np.max(lp, axis=-1))
-    correct = (np.argmax(lp, axis=-1) == y).astype(np.float64)
-    idx = np.clip(np.ceil(conf * bins).astype(np.int64) - 1, 0, bins - 1)
-    total = 0.0
-    for b in range(bins):
-        sel = idx == b
-        if sel.any():
-            total += sel.sum() / y.size * abs(correct[sel].mean() - conf[sel].mean())
-    return float(total)
+    lp = np.asarray(log_probs)
+    y = np.asarray(labels)
+    if lp.ndim == 2 and y.ndim == 1:
+        lp = lp[:, None, :]
+    return _ece(*_confidence_correct(lp, y), bins=bins)
 
 
-@register_metric("ece_gap", unit="fraction", reduce="statistic", needs=("logits", "labels"))
+def _ece_gap_resampler(x: MetricInputs) -> Callable[[np.ndarray], float]:
+    """Summaries per input computed once; each bootstrap draw only re-bins them."""
+    lp, lq = x.log_probs()
+    p_stats = _confidence_correct(lp, x.labels)
+    q_stats = _confidence_correct(lq, x.labels)
+
+    def stat(idx: np.ndarray) -> float:
+        return abs(_ece(*(a[idx] for a in q_stats)) - _ece(*(a[idx] for a in p_stats)))
+
+    return stat
+
+
+@register_metric("ece_gap", unit="fraction", reduce="statistic", needs=("logits", "labels"),
+                 prepare=_ece_gap_resampler)
 def ece_gap(x: MetricInputs) -> float:
     """|ECE(q) - ECE(p)|: the change in expected calibration error (15 bins) between kernels."""
-    lp, lq = x.log_probs()
-    return abs(expected_calibration_error(lq, x.labels) - expected_calibration_error(lp, x.labels))
+    return _ece_gap_resampler(x)(np.arange(x.n))
 
 
 # --------------------------------------------------------------------------------------------

@@ -37,12 +37,29 @@ def _log_comb(n: int, i: np.ndarray) -> np.ndarray:
     return lg(n + 1.0) - lg(i + 1.0) - lg(n - i + 1.0)
 
 
-def _log_sum_pmf(lo: int, hi: int, n: int, p: float) -> float:
-    """log sum_{i=lo}^{hi} C(n, i) p^i (1-p)^(n-i), with 0 < p < 1, summed in log space."""
-    i = np.arange(lo, hi + 1, dtype=np.float64)
-    terms = _log_comb(n, i) + i * math.log(p) + (n - i) * math.log1p(-p)
-    m = float(np.max(terms))
-    return m + math.log(float(np.sum(np.exp(terms - m))))
+class _Binomial:
+    """Binomial(n, p) tail sums for one (k, n), with the log C(n, i) terms computed once."""
+
+    def __init__(self, k: int, n: int) -> None:
+        self.k, self.n = k, n
+        # sum the shorter tail: P(X <= k) directly, or 1 - P(X >= k + 1)
+        self.lower_tail = k < n / 2
+        lo, hi = (0, k) if self.lower_tail else (k + 1, n)
+        self.i = np.arange(lo, hi + 1, dtype=np.float64)
+        self.log_comb = _log_comb(n, self.i)
+
+    def cdf(self, p: float) -> float:
+        """P(X <= k)."""
+        if self.k < 0:
+            return 0.0
+        if self.k >= self.n or p <= 0.0:
+            return 1.0
+        if p >= 1.0:
+            return 0.0
+        terms = self.log_comb + self.i * math.log(p) + (self.n - self.i) * math.log1p(-p)
+        m = float(np.max(terms))
+        tail = math.exp(m + math.log(float(np.sum(np.exp(terms - m)))))
+        return min(1.0, tail) if self.lower_tail else max(0.0, 1.0 - tail)
 
 
 def binom_cdf(k: int, n: int, p: float) -> float:
@@ -51,14 +68,7 @@ def binom_cdf(k: int, n: int, p: float) -> float:
         return 0.0
     if k >= n:
         return 1.0
-    if p <= 0.0:
-        return 1.0
-    if p >= 1.0:
-        return 0.0
-    # sum the shorter tail for accuracy and speed
-    if k < n / 2:
-        return min(1.0, math.exp(_log_sum_pmf(0, k, n, p)))
-    return max(0.0, 1.0 - math.exp(_log_sum_pmf(k + 1, n, n, p)))
+    return _Binomial(k, n).cdf(p)
 
 
 def binom_sf(k: int, n: int, p: float) -> float:
@@ -94,7 +104,8 @@ def clopper_pearson_upper(k: int, n: int, confidence: float = DEFAULT_CONFIDENCE
         return 1.0
     alpha = 1.0 - confidence
     # P(X <= k; p) decreases in p: find the first p where it drops to alpha; return the high end.
-    _, hi = _bisect(lambda p: binom_cdf(k, n, p) <= alpha)
+    b = _Binomial(k, n)
+    _, hi = _bisect(lambda p: b.cdf(p) <= alpha)
     return hi
 
 
@@ -105,7 +116,8 @@ def clopper_pearson_lower(k: int, n: int, confidence: float = DEFAULT_CONFIDENCE
         return 0.0
     alpha = 1.0 - confidence
     # P(X >= k; p) increases in p: find where it rises past alpha; return the low end.
-    lo, _ = _bisect(lambda p: binom_sf(k, n, p) > alpha)
+    b = _Binomial(k - 1, n)  # P(X >= k) = 1 - P(X <= k - 1)
+    lo, _ = _bisect(lambda p: 1.0 - b.cdf(p) > alpha)
     return lo
 
 

@@ -195,3 +195,21 @@ def test_latency_and_memory() -> None:
 def test_shape_mismatch_is_reported() -> None:
     with pytest.raises(MetricError, match="differ in shape"):
         MetricInputs(np.zeros((2, 3)), np.zeros((2, 4)))
+
+
+def test_ece_per_position_labels_and_ignored_positions() -> None:
+    rng = np.random.default_rng(11)
+    zt = rng.normal(scale=2.0, size=(6, 3, 4))
+    zi = zt + rng.normal(scale=0.5, size=zt.shape)
+    y = rng.integers(0, 4, size=(6, 3))
+    y[0, 1] = -100  # ignored position
+    keep = y.reshape(-1) >= 0
+    flat_t, flat_i, flat_y = zt.reshape(-1, 4)[keep], zi.reshape(-1, 4)[keep], y.reshape(-1)[keep]
+    want = abs(_ece_by_hand(flat_i, flat_y) - _ece_by_hand(flat_t, flat_y))
+    assert compute_metric("ece_gap", MetricInputs(zt, zi, labels=y)) == pytest.approx(want, rel=1e-12)
+    # the bootstrap's resampler agrees with the metric on the identity draw
+    m = get_metric("ece_gap")
+    x = MetricInputs(zt, zi, labels=y)
+    assert m.resampler(x)(np.arange(6)) == pytest.approx(want, rel=1e-12)
+    with pytest.raises(MetricError, match="labels have 2 positions per input"):
+        compute_metric("ece_gap", MetricInputs(zt, zi, labels=y[:, :2]))

@@ -273,12 +273,15 @@ _FINE_STATS = {("upper", "max"): (None, "max"), ("upper", "mean"): (None, "max",
 
 
 def _model_outputs(model_path: str | os.PathLike[str]) -> set[str] | None:
+    """The tensor the DSL's logits_train / logits_inf name: the model's first float output."""
     try:
         from kcverify.models.ir import load_onnx
 
-        return {v.name for v in load_onnx(model_path).outputs}
+        outs = load_onnx(model_path).outputs
     except Exception:  # noqa: BLE001 - the digest check reports an unreadable model
         return None
+    floats = [v.name for v in outs if (v.dtype or "float32").startswith("float")]
+    return set(floats[:1])
 
 
 def _proves_queries(clause: Any, proof: Mapping[str, Any], outputs: set[str] | None) -> list[str]:
@@ -318,7 +321,8 @@ def _part_mismatch(q: Any, want: str | None, part: Mapping[str, Any],
     if part.get("slice") != q.slice:
         return f"it is over slice {part.get('slice')!r}, not {q.slice!r}"
     if outputs is not None and part.get("tensor") not in outputs:
-        return f"its tensor {part.get('tensor')!r} is not a model output"
+        return (f"its tensor {part.get('tensor')!r} is not the model's logits (its first float "
+                f"output, {', '.join(sorted(outputs))})")
     if q.quantity in _T_DEPENDENT and (part.get("temperature") is None
                                        or unfx(part["temperature"]) != float(q.temperature)):
         return f"it is at temperature {part.get('temperature')!r}, not {q.temperature!r}"

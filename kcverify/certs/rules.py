@@ -421,33 +421,6 @@ class LinfFromState(Rule):
         return out
 
 
-@register_rule("residual")
-class Residual(Rule):
-    """‖Δ(a + b)‖∞ ≤ ‖Δa‖∞ + ‖Δb‖∞ + ε, for an output o = a + b whose add error is at most ε.
-
-    params: {"tensor": o, "rounding": ε_i per input (the add's own rounding bound, ≥ 0)}; premises:
-    two linf_drift bounds. Triangle inequality; sums rounded upward.
-    """
-
-    def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
-                 ctx: RuleContext) -> dict[str, Any]:
-        _one(premises, "residual", 2)
-        a = _numeric(premises[0], "residual", "linf_drift", "upper")
-        b = _numeric(premises[1], "residual", "linf_drift", "upper")
-        eps = unfx_list(params.get("rounding", [fx(0.0)] * len(a)), "residual params.rounding")
-        if not (len(a) == len(b) == len(eps)):
-            raise RuleError("residual: premises and rounding differ in length")
-        if any(e < 0 for e in eps):
-            raise RuleError("residual: rounding must be >= 0")
-        t = params.get("tensor")
-        if not isinstance(t, str):
-            raise RuleError("residual: params.tensor must name the sum")
-        out = [INF if math.isinf(x + y + e) else up(Fraction(x) + Fraction(y) + Fraction(e))
-               for x, y, e in zip(a, b, eps)]
-        return {"quantity": "linf_drift", "direction": "upper", "tensor": t,
-                **_carry(premises[0], "slice", "keep"), "bounds": [fx(v) for v in out]}
-
-
 # ---- the paper's chain (DESIGN 1.3) --------------------------------------------------------
 
 @register_rule("logprob-from-linf")

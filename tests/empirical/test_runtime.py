@@ -47,3 +47,17 @@ def test_runtime_sample_feeds_metrics() -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError):
         measure_runtime(lambda: None, repeats=0)
+
+
+@pytest.mark.gpu
+def test_cuda_events_and_peak_memory() -> None:
+    import torch
+
+    def fn() -> None:
+        a = torch.ones(2**24, device="cuda")  # 64 MiB
+        (a * 2).sum()
+
+    s = measure_runtime(fn, warmup=1, repeats=5, device="cuda")
+    assert s.n == 5 and np.all(s.latencies_ms > 0)
+    assert s.memory_method == "torch.cuda.max_memory_allocated"
+    assert s.peak_memory_mb - s.baseline_memory_mb >= 64

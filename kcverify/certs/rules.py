@@ -394,7 +394,8 @@ class LinfFromState(Rule):
 
     Since z_inf − z_train ∈ [drift_lo, drift_hi] elementwise, ‖z_inf − z_train‖∞ ≤ δ_e on each
     element e (max and abs are exact in floating point). params.keep = 1 (default): one bound per
-    input (axis 0); keep = 2: one per (input, position) (axes 0 and 1), flattened row-major.
+    input (axis 0); keep = 2: one per (input, position) (axes 0 and 1), flattened row-major; a
+    tensor (batch, classes) has one position per input.
     """
 
     def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
@@ -408,11 +409,11 @@ class LinfFromState(Rule):
         if not isinstance(t, str) or t not in c.get("outputs", {}):
             raise RuleError(f"linf-from-state: tensor {t!r} is not in the premise state")
         box = ctx.box(c["outputs"][t], t)
-        if keep not in (1, 2) or box.drift_lo.ndim < keep + (1 if keep == 2 else 0):
-            raise RuleError(f"linf-from-state: keep must be 1 or 2 (and below the tensor's rank), "
-                            f"not {keep!r}")
+        if keep not in (1, 2):
+            raise RuleError(f"linf-from-state: keep must be 1 or 2, not {keep!r}")
         mag = np.maximum(np.abs(box.drift_lo), np.abs(box.drift_hi))
-        lead = int(np.prod(mag.shape[:keep])) if mag.ndim else 1
+        axes = keep if mag.ndim > keep else 1  # (batch, classes): one position per input
+        lead = int(np.prod(mag.shape[:axes])) if mag.ndim else 1
         per = mag.reshape(lead, -1).max(axis=1) if mag.size else np.zeros(lead)
         out = {"quantity": "linf_drift", "direction": "upper", "tensor": t,
                "bounds": [fx(v) for v in per.tolist()], **_carry(c, "slice")}
@@ -529,9 +530,8 @@ def margins_from_box(box: StoredBox, keep: int = 1) -> np.ndarray:
     np.put_along_axis(others, k, -np.inf, axis=-1)
     m = top_lo - others.max(axis=-1)
     m = np.nextafter(m, -np.inf)  # one ulp below a round-to-nearest difference is <= the exact one
-    if m.ndim < keep:
-        raise RuleError("top1-from-margin: per-position agreement needs a position axis")
-    return m.reshape(int(np.prod(m.shape[:keep])), -1).min(axis=1)
+    axes = keep if m.ndim >= keep else 1  # (batch, classes): one position per input
+    return m.reshape(int(np.prod(m.shape[:axes])), -1).min(axis=1)
 
 
 @register_rule("top1-from-margin")

@@ -197,3 +197,24 @@ def test_per_input_bounds_bound_per_position_quantiles() -> None:
             for method in ("linear", "higher", "inverted_cdf"):
                 assert np.quantile(v, q, method=method) <= bound
         assert np.mean(v) <= vals(conclude("aggregate", [linf(*b)], stat="mean"))[0] + 1e-15
+
+
+def test_keep_positions() -> None:
+    from kcverify.certs.records import BlockData
+
+    rng = np.random.default_rng(2)
+    z = rng.normal(size=(2, 3, 4))
+    d = rng.uniform(0, 0.1, size=z.shape)
+    box = StoredBox(z - 0.01, z + 0.01, z - 0.01 - d, z + 0.01 + d, -d, d)
+    flat = StoredBox(*(a[:, 0, :] for a in (box.train_lo, box.train_hi, box.inf_lo, box.inf_hi,
+                                            box.drift_lo, box.drift_hi)))
+    ctx = RuleContext(blocks={"r": BlockData("r", "b", "0" * 64, "m", {}, {"z": box, "f": flat})})
+    state = {"kind": "state", "outputs": {"z": "r", "f": "r"}}
+    per_pos = conclude("linf-from-state", [state], ctx, tensor="z", keep=2)
+    assert vals(per_pos) == d.max(axis=2).ravel().tolist() and per_pos["keep"] == 2
+    assert vals(conclude("linf-from-state", [state], ctx, tensor="z")) == d.max(axis=(1, 2)).tolist()
+    # a (batch, classes) tensor has one position per input
+    assert vals(conclude("linf-from-state", [state], ctx, tensor="f", keep=2)) == \
+        d[:, 0, :].max(axis=1).tolist()
+    agree = conclude("top1-from-margin", [per_pos, state], ctx)
+    assert len(vals(agree)) == 6 and len(vals(agree, "margins")) == 6

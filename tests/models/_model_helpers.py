@@ -4,6 +4,7 @@ onnxruntime."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,11 @@ from onnx import TensorProto, helper, numpy_helper
 from kcverify.models.arith import Exact
 from kcverify.models.executor import Executor
 from kcverify.models.ir import Graph, Node, from_onnx
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "models"
+SHIPPED = ["tiny_decoder", "tiny_encoder", "mlp_small", "mlp_tiny"]
+ACASXU = Path("/work/shared/data/acasxu")  # VNN-COMP ACAS Xu networks, where available
 
 
 def single_node(op: str, inputs: dict[str, np.ndarray], outputs: Sequence[tuple[str, int]],
@@ -72,6 +78,19 @@ def assert_close(ours: np.ndarray, ref: np.ndarray, rtol: float = 1e-5, atol: fl
         diff = np.max(np.abs(ours64[finite] - ref64[finite]))
         scale = np.max(np.abs(ref64[finite]))
         assert diff <= rtol * scale + atol, f"max|diff| {diff} > {rtol} * {scale} + {atol}"
+
+
+def two_unknown_ops() -> onnx.ModelProto:
+    """Relu, acme::FancyNorm, MatMul, acme::Warp: two ops no executor knows."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="ok_relu"),
+             helper.make_node("FancyNorm", ["a"], ["b"], name="fancy_1", domain="acme"),
+             helper.make_node("MatMul", ["b", "b"], ["c"], name="mm"),
+             helper.make_node("Warp", ["c"], ["y"], name="warp_9", domain="acme")]
+    g = helper.make_graph(nodes, "g", [x], [y])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("acme", 1)])
 
 
 class PassThrough(Exact):

@@ -7,11 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-MODELS = ROOT / "models"
-SHIPPED = ["tiny_decoder", "tiny_encoder", "mlp_small", "mlp_tiny"]
-ACASXU = Path("/work/shared/data/acasxu")
+from _model_helpers import MODELS
 
 
 def _build_module():  # type: ignore[no-untyped-def]

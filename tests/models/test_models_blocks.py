@@ -9,8 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from _model_helpers import assert_close
-from conftest import ACASXU, MODELS, SHIPPED
+from _model_helpers import ACASXU, MODELS, SHIPPED, assert_close
 
 from kcverify.models.blocks import run_blocks, segment
 from kcverify.models.executor import Executor

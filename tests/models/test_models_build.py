@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MODELS, ROOT, SHIPPED
+from _model_helpers import MODELS, ROOT, SHIPPED
 
 from kcverify.models.executor import Executor
 from kcverify.models.ir import load_onnx

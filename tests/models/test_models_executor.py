@@ -10,8 +10,15 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from _model_helpers import PassThrough, Recorder, assert_close
-from conftest import ACASXU, MODELS, SHIPPED
+from _model_helpers import (
+    ACASXU,
+    MODELS,
+    SHIPPED,
+    PassThrough,
+    Recorder,
+    assert_close,
+    two_unknown_ops,
+)
 from onnx import TensorProto, helper
 
 from kcverify.errors import UnsupportedOpError
@@ -138,20 +145,8 @@ def test_keep_returns_intermediates() -> None:
     assert "input_ids" in env and "logits" in env
 
 
-def _two_unknown_ops() -> onnx.ModelProto:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    nodes = [helper.make_node("Relu", ["x"], ["a"], name="ok_relu"),
-             helper.make_node("FancyNorm", ["a"], ["b"], name="fancy_1", domain="acme"),
-             helper.make_node("MatMul", ["b", "b"], ["c"], name="mm"),
-             helper.make_node("Warp", ["c"], ["y"], name="warp_9", domain="acme")]
-    g = helper.make_graph(nodes, "g", [x], [y])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                               helper.make_opsetid("acme", 1)])
-
-
 def test_unsupported_ops_are_all_reported_before_anything_runs() -> None:
-    graph = from_onnx(_two_unknown_ops())
+    graph = from_onnx(two_unknown_ops())
     rec = Recorder()
     ex = Executor(graph, arithmetic=rec)
     with pytest.raises(UnsupportedOpError) as err:

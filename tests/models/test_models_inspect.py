@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import MODELS
-from test_models_executor import _two_unknown_ops
+from _model_helpers import MODELS, two_unknown_ops
 
 from kcverify.cli import main
 
@@ -39,7 +38,7 @@ def test_inspect_lists_unsupported_ops(tmp_path: Path, capsys: pytest.CaptureFix
     import onnx
 
     path = tmp_path / "odd.onnx"
-    onnx.save(_two_unknown_ops(), path)
+    onnx.save(two_unknown_ops(), path)
     assert main(["inspect", str(path), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["unsupported"] == [{"op": "acme::FancyNorm", "node": "fancy_1"},

@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rules", action="append", default=[], metavar="MODULE",
                    help="import a module (dotted name or .py file) that registers extra "
                    "composition rules; repeatable")
-    p.add_argument("-v", "--verbose", action="store_true", help="also print notes")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also print notes and each clause's proof tree")
     p.set_defaults(func=run)
 
 
@@ -28,6 +29,10 @@ def run(args: argparse.Namespace) -> int:
 
     load_rule_modules(args.rules)
     report = check_certificate(args.cert, args.model, args.contract)
+    if args.verbose and report.statement is not None:
+        from kcverify.certs.describe import describe_certificate
+
+        print("\n".join(describe_certificate(report.statement)))
     if args.verbose or not report.ok:
         for note in report.notes:
             print(f"note: {note}")

@@ -86,3 +86,14 @@ def test_cli_check_exit_codes(example: Any, monkeypatch: pytest.MonkeyPatch,
     assert "FAIL: clause N-1" in capsys.readouterr().out
     assert main(["check", str(side), str(model.with_name("nope.onnx")), str(contract)]) == 2
     assert "no such model file" in capsys.readouterr().err
+
+
+def test_describe_proof_trees(example: Any) -> None:
+    from kcverify.certs.describe import describe_certificate
+
+    lines = describe_certificate(example[3])
+    text = "\n".join(lines)
+    assert lines[0].startswith("contract fake-contract@1.0.0, 7 clauses, 2 block certificates")
+    assert "N-1 (hard): proved bound" in text
+    assert "threshold: ratio_dev" in text and "sequential over all: 0:b0 → 1:b1" in text
+    assert "S-1 (soft): passed" in text

@@ -7,7 +7,7 @@ from html import escape
 from pathlib import Path
 
 from kcverify import __version__
-from kcverify.report.model import ClauseResult, Report, Verdict
+from kcverify.report.model import BlockDrift, ClauseResult, Report, Verdict
 from kcverify.report.svg import drift_chart, exceedance_chart, fmt
 from kcverify.report.writer import atomic_write_text
 
@@ -89,15 +89,34 @@ def _clause_rows(c: ClauseResult) -> str:
     return "\n".join(rows)
 
 
+def _drift_charts(report: Report) -> str:
+    """One chart per slice whose clauses carry block drifts (else the report's own blocks)."""
+    groups: dict[str, dict[str, BlockDrift]] = {}
+    for c in report.clauses:
+        merged = groups.setdefault(c.slice or c.id, {}) if c.blocks else None
+        for b in c.blocks:  # clauses on one slice share its blocks: merge what each observed
+            have = merged.setdefault(b.block, BlockDrift(b.block, b.certified, b.observed, b.kind))
+            if have.certified is None:
+                have.certified = b.certified
+            if b.observed is not None and (have.observed is None or b.observed > have.observed):
+                have.observed = b.observed
+    if not groups:
+        return drift_chart(report.blocks)
+    if len(groups) == 1:
+        (name, rows), = groups.items()
+        return drift_chart(list(rows.values()),
+                           title=f"Certified vs observed drift per block, slice {name}")
+    return "\n".join(drift_chart(list(rows.values()),
+                                 title=f"Slice {name}: certified vs observed drift per block")
+                     for name, rows in groups.items())
+
+
 def render_html(report: Report, title: str | None = None) -> str:
     """The whole page as one string."""
     counts = report.counts()
     held = counts["proved"] + counts["passed-empirically"]
     bad = counts["refuted"] + counts["failed-empirically"]
     health = "-" if report.health is None else f"{report.health:.3f}"
-    blocks = list(report.blocks)
-    for c in report.clauses:
-        blocks.extend(b for b in c.blocks if b not in blocks)
     title = title or f"kcverify report: {report.contract}"
     cards = [
         ("verdict", "holds" if report.ok else "violated", "good" if report.ok else "bad"),
@@ -128,7 +147,7 @@ def render_html(report: Report, title: str | None = None) -> str:
 </tbody></table>
 <div class="plots">
 <section><h2>Drift per block</h2>
-{drift_chart(blocks)}</section>
+{_drift_charts(report)}</section>
 <section><h2>Exceedance per slice</h2>
 {exceedance_chart(report.clauses)}</section>
 </div>

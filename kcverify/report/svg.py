@@ -98,7 +98,8 @@ def _xlabel(x: float, y: float, text: str, slot: float) -> str:
             f'transform="rotate(-35 {x + 4:.1f} {y:.1f})">{escape(short)}<title>{escape(text)}</title></text>')
 
 
-def drift_chart(blocks: Sequence[BlockDrift], height: int = 320) -> str:
+def drift_chart(blocks: Sequence[BlockDrift], height: int = 320,
+                title: str = "Certified vs observed drift per block") -> str:
     """Grouped bars per block: certified drift bound (dark) and the largest drift observed."""
     rows = [b for b in blocks if b.certified is not None or b.observed is not None]
     if not rows:
@@ -114,7 +115,7 @@ def drift_chart(blocks: Sequence[BlockDrift], height: int = 320) -> str:
         axis = _Axis(math.floor(math.log10(vmin)), math.ceil(math.log10(vmax)), True, PAD_T + 10, bottom)
     else:
         axis = _Axis(0.0, vmax * 1.15, False, PAD_T + 10, bottom)
-    title = "Certified vs observed drift per block" + (" (log scale)" if log else "")
+    title = title + (" (log scale)" if log else "")
     out = _frame(height, axis, title, "max |z_inf − z_train|", "certified versus observed drift per block")
     bw = min(28.0, slot * 0.36)
     for i, b in enumerate(rows):

@@ -187,3 +187,28 @@ def test_vacuous_bounds_are_drawn_not_broken() -> None:
         assert float(a["height"]) >= 0 and float(a["y"]) >= 0
     ticks = [t for t, a in p.tags if t == "text" and a.get("class") == "tick"]
     assert len(ticks) <= 7  # ten decades, thinned
+
+
+def test_one_drift_chart_per_slice() -> None:
+    a = [BlockDrift("layer0", 0.5, 0.1), BlockDrift("head", 0.9, 0.2)]
+    b = [BlockDrift("layer0", 0.7, 0.3), BlockDrift("head", 1.1, 0.4)]
+    r = Report("c", "m", [
+        ClauseResult("N-1", "numerical", "proved", "interval", slice="all", blocks=a),
+        ClauseResult("N-2", "numerical", "proved", "interval", slice="all", blocks=a),
+        ClauseResult("N-3", "numerical", "proved", "interval", slice="safety", blocks=b)], blocks=a)
+    p = _parse(render_html(r))
+    assert [t for t, _ in p.tags].count("svg") == 2  # one drift chart per slice (all, safety)
+    titles = [t for t in p.svg_text if "drift per block" in t]
+    assert any("Slice all" in t for t in titles) and any("Slice safety" in t for t in titles)
+    assert len(_with(p, "rect", "bar-certified")) == 4 + 2  # 4 blocks + 2 legend swatches
+
+
+def test_clauses_on_one_slice_merge_their_observations() -> None:
+    r = Report("c", "m", [
+        ClauseResult("N-1", "numerical", "unknown", "interval", slice="all",
+                     blocks=[BlockDrift("layer0", 0.5, None)]),
+        ClauseResult("N-2", "numerical", "unknown", "interval", slice="all",
+                     blocks=[BlockDrift("layer0", 0.5, 0.2)])])
+    p = _parse(render_html(r))
+    obs = [float(a["data-value"]) for a in _with(p, "rect", "bar-observed") if a.get("data-block")]
+    assert obs == [0.2]

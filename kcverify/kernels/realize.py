@@ -221,7 +221,7 @@ class Realization:
             pick = torch.rand(v.shape, generator=_seeded(self.seed, node.name, "round", primitive),
                               dtype=_F64).to(v.device) < 0.5
             r = torch.where(pick, up, down)
-        r = torch.where(torch.isnan(v), v, r)
+        r = torch.where(torch.isfinite(v), r, rn)  # +-inf (masks) and NaN stay as they are
         return r.to(value.dtype)
 
     def graph_input(self, name: str, value: torch.Tensor) -> torch.Tensor:

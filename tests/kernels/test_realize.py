@@ -204,6 +204,10 @@ def test_round_stays_within_ulps(prim: str) -> None:
     assert (outs["random"] == outs["up"]).any() and (outs["random"] == outs["down"]).any()
     if k >= 2:  # beyond the neighbours: up to k ulps
         assert ((outs["up"] - v).abs() > sp.compute.u * v.abs()).any()
+    special = torch.tensor([-np.inf, np.inf, np.nan, 0.0, -0.0], dtype=torch.float64)
+    for mode in ("nearest", "up", "down", "random"):
+        out = Realization(sp, rounding=mode).round(node, prim, special)
+        assert out[0] == -np.inf and out[1] == np.inf and torch.isnan(out[2]) and (out[3:] == 0).all()
     ints = torch.arange(5)
     assert Realization(sp, rounding="up").round(node, prim, ints) is ints
     qdq = Node("dq", "DequantizeLinear", ("q", "s"), ("y",))

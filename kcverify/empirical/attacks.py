@@ -172,6 +172,28 @@ def _replay(query: Any, train_spec: Any, inf_spec: Any, feeds: Mapping[str, np.n
                           replayed=not again.holds, replay_value=again.value)
 
 
+def snap_inside(point: np.ndarray, centre: np.ndarray, eps: float, norm: str,
+                dtype: np.dtype) -> np.ndarray:
+    """``point`` stored in ``dtype`` and still inside the eps-ball around ``centre`` (checked in
+    float64): rounding to a narrow input type can step past the ball's edge by half an ulp, and a
+    counterexample outside the region would refute nothing."""
+    c = np.asarray(centre, dtype=np.float64)
+    x = np.asarray(point, dtype=np.float64).astype(dtype)
+    for it in range(40):
+        d = x.astype(np.float64) - c
+        if norm == "linf":
+            bad = np.abs(d) > eps
+            if not bad.any():
+                return x
+            x = np.where(bad, np.nextafter(x, np.asarray(c, dtype=dtype)), x).astype(dtype)
+        else:
+            r = float(np.linalg.norm(d))
+            if r <= eps:
+                return x
+            x = (c + d * (eps / r) * (1 - 2.0 ** (it - 30))).astype(dtype)  # shrink harder each try
+    return np.asarray(c, dtype=dtype)  # the centre is always inside
+
+
 def search_region(query: Any, train_spec: Any, inf_spec: Any, center: Mapping[str, np.ndarray],
                   input_name: str, eps: float, run: Runner, norm: str = "linf",
                   tokens: np.ndarray | None = None, steps: int = 10, samples: int = 4,
@@ -254,7 +276,8 @@ def search_region(query: Any, train_spec: Any, inf_spec: Any, center: Mapping[st
             unit = flat / np.maximum(np.linalg.norm(flat, axis=1, keepdims=True), 1e-300)
             x = project(x + lr * unit.reshape(x.shape))
     worst_i = int(np.argmin(best_m))
-    feeds = {input_name: best_x[[worst_i]].astype(dtype)}
+    point = snap_inside(best_x[worst_i], x0[worst_i], eps, norm, dtype)
+    feeds = {input_name: point[None]}
     feeds.update({k: v[[worst_i]] for k, v in others.items()})
     tok = None if tokens is None else np.asarray(tokens)[[worst_i]]
     outcome = evaluate_query(query, MetricInputs(run(train_spec, feeds, tp), run(inf_spec, feeds, ip),
@@ -267,5 +290,5 @@ def search_region(query: Any, train_spec: Any, inf_spec: Any, center: Mapping[st
         result.counterexample = Counterexample(
             worst_i, pos, outcome.value, float(query.threshold), query.op, tp, ip,
             replayed=not again.holds, replay_value=again.value,
-            input_point=best_x[worst_i].tolist())
+            input_point=point.tolist())
     return result

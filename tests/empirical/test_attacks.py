@@ -194,3 +194,20 @@ def test_program_search_on_tiny_decoder(root: Path) -> None:
     r = search_programs(tight, c.kernels["train"], c.kernels["inf"], feeds, run, pairs=2)
     assert r.counterexample is not None and r.counterexample.replayed
     assert r.counterexample.replay_value == pytest.approx(r.worst.value, rel=1e-9)
+
+
+def test_snap_inside_keeps_float32_points_in_the_ball() -> None:
+    from kcverify.empirical.attacks import snap_inside
+
+    rng = np.random.default_rng(3)
+    c = (rng.normal(size=64) * 100).astype(np.float32).astype(np.float64)
+    eps = 0.01
+    for norm in ("linf", "l2"):
+        d = rng.choice([-1.0, 1.0], size=64) * eps
+        if norm == "l2":
+            d = d / np.linalg.norm(d) * eps
+        x = snap_inside(c + d, c, eps, norm, np.dtype(np.float32))
+        assert x.dtype == np.float32
+        dist = x.astype(np.float64) - c
+        assert (np.abs(dist).max() if norm == "linf" else np.linalg.norm(dist)) <= eps
+        assert np.abs(dist).max() > 0.9 * (eps if norm == "linf" else eps / 8)  # still near the edge

@@ -334,3 +334,24 @@ def test_native_additions_equal_the_exact_path(acc: str) -> None:
     fp8_products = torch.tensor([[1.125 * 0.75, -3.5 * 1.25, 448.0 * 0.015625]], dtype=torch.float64)
     assert _Adder.for_terms(fp8_products, sp.accumulate, True).dtype is not None
     assert _Adder.for_terms(fp8_products + 2.0**-30, sp.accumulate, True).dtype is None
+
+
+def test_rounding_any_moves_activation_casts_to_a_neighbour_only() -> None:
+    raw = dict(compute="fp64", accumulate="fp32",
+               activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"})
+    rng = np.random.default_rng(20)
+    x = torch.tensor(rng.standard_normal((2, 3, 40)))
+    casts = {}
+    for rounding in ("nearest", "up", "down", "random"):
+        r = Realization(spec(rounding="any", **raw), rounding=rounding, seed=3)
+        op = r._operand(MM, 0, x, "activations", "left")
+        casts[rounding] = op.q * op.s
+    q, s = quantize_activation(x, parse_kernel_spec("a", raw).activations, rounding="up")
+    inside = (x / s).abs() <= 448  # beyond max (s is fl32(amax/448)) the cast saturates
+    assert torch.equal(casts["up"], q)
+    assert torch.all((casts["up"] >= x)[inside]) and torch.all((casts["down"] <= x)[inside])
+    assert torch.all((casts["random"] == casts["up"]) | (casts["random"] == casts["down"]))
+    assert not torch.equal(casts["random"], casts["nearest"])
+    # with rounding: nearest in the spec, the realization's choice leaves the casts alone
+    strict = Realization(spec(**raw), rounding="up")._operand(MM, 0, x, "activations", "left")
+    assert torch.equal(strict.q * strict.s, casts["nearest"])

@@ -13,7 +13,9 @@ transformations, so every rounding below is a single correct rounding):
   ``sequential``, ``reverse``, ``pairwise`` (balanced tree), ``chunked`` (split-K: chunks of
   ``chunk`` terms summed left to right, partial sums then left to right) or ``random`` (a seeded
   permutation, a random chunk size, partial sums sequential or pairwise). Each product passes
-  through at most n roundings, so |acc - sum| <= gamma_n * sum |a_i b_i|.
+  through at most n roundings, so |acc - sum| <= gamma_n * sum |a_i b_i|. (When every term is
+  already a value of an fp32 / bf16 / fp16 accumulator, torch's own additions in that dtype do
+  the same correctly rounded sums faster; the tests check the two paths agree bit for bit.)
 * Scales constant along the reduction axis factor out: with s_a s_b = m * 2^e (m in [0.5, 1)),
   the products enter the accumulator scaled by 2^e (exact, and the accumulator sees the true
   magnitudes, so it overflows only where the scaled sum would), and the result is
@@ -25,7 +27,11 @@ transformations, so every rounding below is a single correct rounding):
   within ulps(primitive) * u * |value| of the value (never beyond what the spec admits; nearest
   when that is the only one). QuantizeLinear / DequantizeLinear results are left as they are:
   explicit casts run exactly.
-* ``graph_input`` stores float inputs in the compute format (nearest).
+* Conv (1-D, 2-D) is the same dot product per output over im2col columns: the input is cast
+  before padding, the weight per output channel (axis 0); the bias is added after, in the
+  compute format.
+* ``graph_input`` stores float inputs in the compute format (nearest). Infinities (attention
+  masks) and NaN pass through every rounding unchanged.
 
 The realization trusts the value it is given to be the op's exact result: run the executor in
 float64 (``run_kernel`` does) so its own error (<= 2^-52 relative) stays far below any format's.

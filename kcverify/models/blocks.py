@@ -6,7 +6,7 @@ stream is what depends on the primary input's *values* (``Shape``/``Size`` read 
 masks and position ids built from ``Shape(input_ids)`` are side tensors, not stream). Between
 consecutive cuts lie segments; segments are grouped into blocks:
 
-* transformers (a segment holds a Softmax): a layer starts at each attention segment and runs
+* transformers (a segment holds a Softmax or a fused Attention): a layer starts at each attention segment and runs
   to the next one (the last layer has the period of the previous ones); what precedes the first
   layer is the embedding, what follows the last is the head;
 * other networks: one block per layer, each ending at an activation (Relu, Tanh, ...);
@@ -31,6 +31,7 @@ SHAPE_ONLY = frozenset({"Shape", "Size"})
 ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "Gelu", "Softplus",
                          "HardSigmoid", "Clip"})
 LINEAR = frozenset({"MatMul", "Gemm", "Conv"})
+ATTENTION = frozenset({"Softmax", "Attention"})  # a segment holding one is an attention sublayer
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def _is_residual(seg: list[Node], stream: set[str]) -> bool:
 def _group(segs: list[list[Node]], stream: set[str]) -> list[tuple[str, str, int, int]]:
     """(name, kind, first segment, last segment) of each block."""
     m = len(segs)
-    attn = [j for j, s in enumerate(segs) if any(n.op_type == "Softmax" for n in s)]
+    attn = [j for j, s in enumerate(segs) if any(n.op_type in ATTENTION for n in s)]
     out: list[tuple[str, str, int, int]] = []
     if attn:
         starts = attn

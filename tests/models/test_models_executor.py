@@ -202,3 +202,28 @@ def test_runs_on_cuda() -> None:
     gpu = Executor(graph, device="cuda").run(feeds)["logits"]
     assert gpu.device.type == "cuda"
     assert_close(gpu.cpu().numpy(), cpu.numpy(), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_dynamo_opset23_fused_attention(tmp_path: Path, build_module) -> None:  # type: ignore[no-untyped-def]
+    """At opset 23 the dynamo exporter emits the fused Attention op for SDPA: the executor
+    agrees with onnxruntime and the blocks still follow the layers."""
+    from kcverify.models.blocks import run_blocks, segment
+
+    model = build_module.TinyDecoder(sdpa=True, tied=True)
+    build_module.init_weights(model, 11, std=0.08)
+    path = tmp_path / "dec23.onnx"
+    old = build_module.OPSET
+    build_module.OPSET = 23
+    try:
+        build_module.export(model, torch.zeros(2, 16, dtype=torch.int64), path, "input_ids",
+                            "logits", {0: "batch", 1: "seq"}, dynamo=True)
+    finally:
+        build_module.OPSET = old
+    graph = load_onnx(path)
+    assert graph.op_census().get("Attention") == 2
+    check_against_ort(path, 2, 9)
+    feeds = random_feeds(graph, 2, 9)
+    blocks = segment(graph)
+    assert [b.kind for b in blocks] == ["embedding", "layer", "layer", "head"]
+    assert torch.equal(run_blocks(blocks, feeds)["logits"], Executor(graph).run(feeds)["logits"])

@@ -344,3 +344,43 @@ def test_int4_weight_dequantize_matches_onnxruntime() -> None:
     assert_close(ours, ref, rtol=1e-6)
     expect = x @ (q.astype(np.float32) * scale)
     assert_close(ours, expect, rtol=1e-6)
+
+
+# --- fused Attention (opset 23) ----------------------------------------------------------------
+ATTENTION_CASES: list[tuple[str, dict[str, np.ndarray], dict[str, Any], int]] = [
+    ("causal_4d", {"q": f(2, 3, 5, 4), "k": f(2, 3, 5, 4), "v": f(2, 3, 5, 4)}, {"is_causal": 1}, 1),
+    ("plain_4d_cross", {"q": f(2, 2, 3, 4), "k": f(2, 2, 6, 4), "v": f(2, 2, 6, 5)},
+     {"scale": 0.3}, 1),
+    ("gqa_3d", {"q": f(2, 5, 12), "k": f(2, 5, 6), "v": f(2, 5, 6)},
+     {"q_num_heads": 4, "kv_num_heads": 2, "is_causal": 1}, 1),
+    ("bool_mask", {"q": f(1, 2, 4, 4), "k": f(1, 2, 4, 4), "v": f(1, 2, 4, 4),
+                   "m": np.array([[True, True, False, True]] * 4)}, {}, 1),
+    ("float_mask", {"q": f(1, 2, 4, 4), "k": f(1, 2, 4, 4), "v": f(1, 2, 4, 4),
+                    "m": f(1, 1, 4, 4)}, {}, 1),
+    ("past_kv", {"q": f(1, 2, 2, 4), "k": f(1, 2, 2, 4), "v": f(1, 2, 2, 4), "m": None,
+                 "pk": f(1, 2, 3, 4), "pv": f(1, 2, 3, 4)}, {"is_causal": 1}, 3),
+    ("softcap", {"q": f(1, 2, 4, 4, scale=3), "k": f(1, 2, 4, 4, scale=3), "v": f(1, 2, 4, 4)},
+     {"softcap": 2.0}, 1),
+]
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
+@pytest.mark.parametrize("decomposed", [False, True])
+def test_attention_matches_onnxruntime(case: Any, decomposed: bool) -> None:
+    from onnx import helper
+
+    _, inputs, attrs, n_out = case
+    names = [k if v is not None else "" for k, v in inputs.items()]
+    feeds = {k: v for k, v in inputs.items() if v is not None}
+    outs = ["y", "present_k", "present_v"][:n_out]
+    node = helper.make_node("Attention", names, outs, name="attn", **attrs)
+    g = helper.make_graph(
+        [node], "a",
+        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for k, v in feeds.items()],
+        [helper.make_tensor_value_info(o, F32, None) for o in outs])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+    ref = run_ort(model, feeds)
+    ours = run_ours(model, feeds, arithmetic=PassThrough() if decomposed else None)
+    for a, b in zip(ours, ref):
+        assert_close(a, b, rtol=1e-5, atol=1e-7)

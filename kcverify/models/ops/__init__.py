@@ -106,6 +106,7 @@ class OpContext:
 # The families: importing them fills the table.
 from kcverify.models.ops import (  # noqa: E402,F401  (registration side effects)
     activation,
+    attention,
     conv,
     elementwise,
     linear,

@@ -148,3 +148,16 @@ def test_conv_model_through_the_executor() -> None:
     assert (train - exact).abs().max() <= 1e-5 * exact.abs().max()
     assert (inf - exact).abs().max() > 1e-3 * exact.abs().max()
     assert (inf - exact).abs().max() < 0.2 * exact.abs().max()
+
+
+def test_a_samples_result_never_depends_on_its_batch(decoder) -> None:  # noqa: ANN001
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 256, size=(2, 8))
+    other = ids.copy()
+    other[1] = rng.integers(0, 256, size=8)
+    choices = dict(order="random", rounding="random", seed=9)
+    a = run_kernel(decoder, FP8, {"input_ids": ids}, **choices)["logits"]
+    b = run_kernel(decoder, FP8, {"input_ids": other}, **choices)["logits"]
+    alone = run_kernel(decoder, FP8, {"input_ids": ids[:1]}, **choices)["logits"]
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[1], b[1])
+    assert torch.equal(a[0], alone[0])

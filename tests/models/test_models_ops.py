@@ -105,6 +105,8 @@ CASES: list[Case] = [
      {"axis": 1}),
     ("layernorm_stats", "LayerNormalization", {"x": f(2, 3, 8)}, {"g": f(8), "b": f(8)},
      [("y", F32), ("mean", F32), ("inv", F32)], 17, {}),
+    ("rmsnorm", "RMSNormalization", {"x": f(2, 3, 8)}, {"g": f(8)}, [("y", F32)], 23,
+     {"epsilon": 1e-6}),
     ("batchnorm", "BatchNormalization", {"x": f(2, 3, 4, 4)},
      {"s": f(3), "b": f(3), "m": f(3), "v": pos(3)}, [("y", F32)], 15, {}),
     # reductions: attribute form, input form, keepdims, empty axes
@@ -191,6 +193,7 @@ def test_op_matches_onnxruntime(case: Case) -> None:
 
 
 DECOMPOSED = [c for c in CASES if c[1] in {"Gelu", "Softmax", "LogSoftmax", "LayerNormalization",
+                                          "RMSNormalization",
                                           "ReduceMean", "Softplus", "AveragePool", "Gemm"}]
 
 

@@ -54,3 +54,18 @@ def batch_norm(ctx: OpContext, x: torch.Tensor, scale: torch.Tensor, bias: torch
     d = ctx.round("add", x - mean.reshape(shape))
     y = ctx.round("mul", ctx.round("mul", d * inv) * scale.reshape(shape))
     return ctx.round("add", y + bias.reshape(shape))
+
+
+@register_op("RMSNormalization", since_opset=23)
+def rms_norm(ctx: OpContext, x: torch.Tensor, scale: torch.Tensor, *, axis: int = -1,
+             epsilon: float = 1e-5, stash_type: int = 1) -> torch.Tensor:
+    """y = x * rsqrt(sum(x^2)/n + eps) * scale over the axes from ``axis`` on."""
+    a = norm_axis(axis, x.dim())
+    dims = tuple(range(a, x.dim()))
+    n = math.prod(x.shape[a:])
+    if ctx.exact:
+        inv = torch.rsqrt(x.square().mean(dim=dims, keepdim=True) + epsilon)
+        return x * inv * scale
+    ms = ctx.round("div", ctx.round("reduce", ctx.round("mul", x * x).sum(dim=dims, keepdim=True)) / n)
+    inv = ctx.round("rsqrt", torch.rsqrt(ctx.round("add", ms + epsilon)))
+    return ctx.round("mul", ctx.round("mul", x * inv) * scale)

@@ -461,31 +461,40 @@ class RatioFromLinf(Rule):
                 "ratio_lo": [fx(v) for v in los], "ratio_hi": [fx(v) for v in his]}
 
 
+def _half(delta: float, temperature: float) -> float:
+    """Outward-rounded y = δ/(2T) (δ ≥ 0)."""
+    if delta < 0:
+        raise RuleError(f"a drift bound cannot be negative ({delta!r})")
+    return INF if math.isinf(delta) else up(Fraction(delta) / (2 * Fraction(temperature)))
+
+
 @register_rule("tv-from-linf")
 class TvFromLinf(Rule):
-    """TV(p, q) ≤ tanh(δ/T) ≤ (e^(2δ/T) − 1)/2.
+    """TV(p, q) ≤ tanh(δ/(2T)) ≤ (e^(2δ/T) − 1)/2, p = softmax(z/T), q = softmax((z + Δ)/T).
 
-    With r = e^(2δ/T) ≥ q_i/p_i ≥ 1/r, let A = {q > p}, P = p(A), Q = q(A): TV = Q − P ≤
-    min((r − 1)P, (1 − P)(1 − 1/r)) ≤ (r − 1)/(r + 1) = tanh(δ/T) (the two meet at P = 1/(r + 1)).
-    This is sharper than, and implies, DESIGN 1.3's (e^(2δ/T) − 1)/2.
+    With w_i = e^(Δ_i/T) ∈ [1/b, b], b = e^(δ/T): TV = max_A q(A) − p(A), and for a fixed A,
+    q(A) = Σ_A p_i w_i / Σ_j p_j w_j is linear-fractional in w, so it is largest at w = b on A and
+    1/b off A: with P = p(A), r = b², q(A) − P = P(1 − P)(r − 1)/(1 + P(r − 1)), whose maximum
+    over P ∈ [0, 1] (at P = 1/(1 + b)) is (b − 1)/(b + 1) = tanh(δ/(2T)). Attained by two tokens;
+    sharper than, and implies, DESIGN 1.3's (e^(2δ/T) − 1)/2.
     """
 
     def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
                  ctx: RuleContext) -> dict[str, Any]:
         d, c = _linf_premise(premises, "tv-from-linf")
         temp = _positive(params, "temperature", "tv-from-linf")
-        tv = [1.0 if math.isinf(v) else tanh_up(_x(v, temp, factor=1)) for v in d]
+        tv = [1.0 if math.isinf(v) else tanh_up(_half(v, temp)) for v in d]
         return {"quantity": "tv", "direction": "upper", **_carry(c, *CARRIED),
                 "temperature": fx(temp), "bounds": [fx(v) for v in tv]}
 
 
 @register_rule("kl-from-linf")
 class KlFromLinf(Rule):
-    """KL(q‖p) and KL(p‖q) ≤ min(x, log(2·cosh(x) − 1)), x = 2δ/T.
+    """KL(q‖p) and KL(p‖q) ≤ 2·log cosh(δ/T) (≤ δ²/T², and ≤ 2δ/T of DESIGN 1.3).
 
-    KL(q‖p) = E_q log ρ ≤ log E_p ρ² = log(1 + χ²); with ρ ∈ [1/r, r], E_p ρ = 1, the variance
-    E_p (ρ − 1)² is largest on the two endpoints: (r − 1)(1 − 1/r), so 1 + χ² ≤ r + 1/r − 1 =
-    2cosh x − 1. Also KL ≤ max log ρ ≤ x. Same for KL(p‖q) with 1/ρ.
+    KL(q‖p) = E_q log(q/p) ≤ log E_q (q/p) = log E_p ρ², ρ = q/p = w/E_p w with w_i = e^(Δ_i/T) ∈
+    [a, b] = [e^(−δ/T), e^(δ/T)]; by Kantorovich's inequality E w²/(E w)² ≤ (a + b)²/(4ab) =
+    cosh²(δ/T). Likewise KL(p‖q) ≤ log E_p (p/q) = log(E_p w · E_p w⁻¹) ≤ cosh²(δ/T).
     """
 
     def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
@@ -494,10 +503,9 @@ class KlFromLinf(Rule):
         temp = _positive(params, "temperature", "kl-from-linf")
         out = []
         for v in d:
-            x = _x(v, temp)
-            ch = cosh_up(x)
-            chi = INF if math.isinf(ch) else up(2 * Fraction(ch) - 1)
-            out.append(min(x, log_up(chi)))
+            y = _x(v, temp, factor=1)
+            ch = cosh_up(y)
+            out.append(INF if math.isinf(ch) else up(2 * Fraction(log_up(ch))))
         return {"quantity": "kl", "direction": "upper", **_carry(c, *CARRIED),
                 "temperature": fx(temp), "bounds": [fx(v) for v in out]}
 

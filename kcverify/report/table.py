@@ -27,7 +27,7 @@ def _slice_rows(c: ClauseResult) -> list[list[str]]:
         value = fmt(s.value) if s.rate is None else f"{fmt(s.value)} ({s.violations}/{s.n})"
         budget = "-" if s.budget is None else f"budget {fmt(s.budget)}"
         rows.append(["  └ " + s.slice, "", Verdict(s.verdict).value, value, budget, bound,
-                     s.slice, str(s.n), "", "", ""])
+                     "", str(s.n), "", "", ""])
     return rows if len(rows) > 1 or any(s.rate is not None for s in c.slices) else []
 
 

@@ -94,3 +94,16 @@ def test_bootstrap_decision() -> None:
     assert decide_statistic(float(x.mean()), lo, hi, 0.8, "<=", 200).outcome == "failed"
     assert decide_statistic(float(x.mean()), lo, hi, 1.0, "<=", 200).outcome == "unknown"
     assert decide_statistic(float(x.mean()), lo, hi, 0.8, ">=", 200).outcome == "passed"
+
+
+@pytest.mark.parametrize("budget, n", [(0.05, 200), (0.01, 1000)])
+def test_decisions_err_at_most_alpha_by_sampling(budget: float, n: int) -> None:
+    """At a true rate just above the budget, 'passed' comes out in <= ~5% of experiments;
+    just below it, 'failed' does. (The guarantee the verdict states, checked by sampling.)"""
+    rng = np.random.default_rng(42)
+    trials = 300
+    above = rng.binomial(n, budget * 1.02, size=trials)
+    below = rng.binomial(n, budget * 0.98, size=trials)
+    wrong_pass = np.mean([decide_exceedance(int(k), n, budget).outcome == "passed" for k in above])
+    wrong_fail = np.mean([decide_exceedance(int(k), n, budget).outcome == "failed" for k in below])
+    assert wrong_pass <= 0.07 and wrong_fail <= 0.07

@@ -171,7 +171,10 @@ def segment(graph: Graph) -> list[Block]:
         if k > prev:
             segs.append(primary[prev + 1:k + 1])
             prev = k
-    groups = _group(segs, stream) if len(segs) > 1 else [("model", "other", 0, len(segs) - 1)]
+    if len(segs) <= 1:
+        return [_make(graph, "model", "other", [n.name for n in graph.nodes], [], producers, const,
+                      None, None)]
+    groups = _group(segs, stream)
     # the cut tensor that ends each segment (the last segment may end at the model's outputs)
     seg_end = {j: t for j, (_, t) in enumerate(cuts)}
     block_of: dict[str, int] = {}

@@ -131,3 +131,47 @@ def test_graph_without_cuts_is_one_block() -> None:
                                     opset_imports=[helper.make_opsetid("", 17)]))
     blocks = check_composition(g, {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 2})
     assert [(b.name, b.kind, b.num_nodes) for b in blocks] == [("model", "other", 3)]
+
+
+def _random_graph(seed: int) -> Graph:
+    """A random DAG of elementwise ops over two inputs (one of them a side input), with skips,
+    shape-only reads and one or two outputs."""
+    from onnx import TensorProto, helper
+
+    from kcverify.models.ir import from_onnx
+
+    rng = np.random.default_rng(seed)
+    avail = ["x"]
+    nodes = []
+    for k in range(int(rng.integers(4, 18))):
+        op = str(rng.choice(["Add", "Mul", "Relu", "Tanh", "Sub", "AddMask", "Softmax"]))
+        out = f"t{k}"
+        # mostly chain the latest tensors, sometimes reach back (a skip connection)
+        pick = lambda: avail[-1 - int(min(rng.geometric(0.6) - 1, len(avail) - 1))]  # noqa: E731
+        if op in ("Relu", "Tanh"):
+            nodes.append(helper.make_node(op, [pick()], [out]))
+        elif op == "Softmax":
+            nodes.append(helper.make_node(op, [pick()], [out], axis=-1))
+        elif op == "AddMask":
+            nodes.append(helper.make_node("Add", [pick(), "mask"], [out]))
+        else:
+            nodes.append(helper.make_node(op, [pick(), pick()], [out]))
+        avail.append(out)
+    outs = [avail[-1]] + ([avail[-3]] if len(avail) > 4 and rng.random() < 0.3 else [])
+    g = helper.make_graph(
+        nodes, f"rand{seed}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs])
+    return from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_graphs_compose(seed: int) -> None:
+    graph = _random_graph(seed)
+    rng = np.random.default_rng(seed)
+    feeds = {"x": rng.standard_normal((3, 4)).astype(np.float32),
+             "mask": rng.standard_normal(4).astype(np.float32)}
+    blocks = check_composition(graph, feeds)
+    for a, b in zip(blocks, blocks[1:]):  # consecutive blocks meet at their stream tensor
+        assert a.stream_out is not None and a.stream_out == b.stream_in

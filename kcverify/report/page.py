@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from html import escape
 from pathlib import Path
@@ -55,6 +56,9 @@ tr.slice td:first-child { padding-left: 26px; }
 .chart .ratio { fill: var(--cert); font-weight: 600; }
 .plots { display: flex; flex-wrap: wrap; gap: 0 24px; }
 .empty { color: var(--muted); font-style: italic; }
+details summary { cursor: pointer; color: var(--cert); font-size: 12px; }
+details pre { font-size: 11px; background: #f3f5f9; padding: 6px; border-radius: 4px;
+  max-width: 420px; overflow-x: auto; }
 footer { margin-top: 28px; color: var(--muted); font-size: 12px; }
 """
 
@@ -62,6 +66,15 @@ footer { margin-top: 28px; color: var(--muted); font-size: 12px; }
 def _badge(v: Verdict | str) -> str:
     v = Verdict(v)
     return f'<span class="badge {v.value}">{escape(v.value)}</span>'
+
+
+def _evidence(c: ClauseResult) -> str:
+    """The clause's evidence (e.g. a replayed counterexample) as collapsible JSON, no script."""
+    if not c.evidence:
+        return ""
+    body = json.dumps(c.evidence, indent=1, sort_keys=True, default=str)
+    what = ", ".join(sorted(c.evidence))
+    return f'<details><summary>{escape(what)}</summary><pre>{escape(body)}</pre></details>'
 
 
 def _clause_rows(c: ClauseResult) -> str:
@@ -77,7 +90,7 @@ def _clause_rows(c: ClauseResult) -> str:
             f'<td>{escape(c.slice or "-")}</td>'
             f'<td class="num">{"-" if c.sample_size is None else c.sample_size}</td>'
             f'<td class="num">{conf}</td><td>{escape(c.level or "-")}</td><td>{act}</td>'
-            f'<td class="note">{"" if c.slices else escape(c.note)}</td></tr>']
+            f'<td class="note">{"" if c.slices else escape(c.note)}{_evidence(c)}</td></tr>']
     for s in c.slices:
         counted = "" if s.violations is None else f" ({s.violations}/{s.n})"
         rows.append(f'<tr class="slice"><td>└ {escape(s.slice)}</td><td>{_badge(s.verdict)}</td>'

@@ -212,3 +212,12 @@ def test_clauses_on_one_slice_merge_their_observations() -> None:
     p = _parse(render_html(r))
     obs = [float(a["data-value"]) for a in _with(p, "rect", "bar-observed") if a.get("data-block")]
     assert obs == [0.2]
+
+
+def test_counterexample_evidence_is_shown() -> None:
+    c = ClauseResult("N-1", "numerical", "refuted", "program-search",
+                     evidence={"counterexample": {"input_index": 3, "position": 7, "value": 2.5}})
+    p = _parse(render_html(Report("c", "m", [c])))
+    assert "details" in [t for t, _ in p.tags]
+    text = " ".join(p.text)
+    assert "counterexample" in text and '"input_index": 3' in text

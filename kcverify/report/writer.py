@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kcverify import __version__
 from kcverify.report.model import Report
 
@@ -26,7 +28,14 @@ def report_json(report: Report) -> dict[str, Any]:
 
 
 def _finite(obj: Any) -> Any:
-    """JSON has no NaN / infinity: NaN becomes null, +-infinity the string "inf" / "-inf"."""
+    """Plain JSON values: numpy scalars and arrays become Python ones, paths strings; JSON has
+    no NaN / infinity: NaN becomes null, +-infinity the string "inf" / "-inf"."""
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
+    elif isinstance(obj, np.generic):
+        obj = obj.item()
+    elif isinstance(obj, os.PathLike):
+        obj = os.fspath(obj)
     if isinstance(obj, float):
         if math.isnan(obj):
             return None
@@ -35,7 +44,7 @@ def _finite(obj: Any) -> Any:
         return obj
     if isinstance(obj, dict):
         return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
+    if isinstance(obj, list | tuple):
         return [_finite(v) for v in obj]
     return obj
 

@@ -221,3 +221,16 @@ def test_counterexample_evidence_is_shown() -> None:
     assert "details" in [t for t, _ in p.tags]
     text = " ".join(p.text)
     assert "counterexample" in text and '"input_index": 3' in text
+
+
+def test_json_accepts_numpy_values(tmp_path: Path) -> None:
+    import numpy as np
+
+    c = ClauseResult("S-1", "statistical", "passed-empirically", "clopper-pearson",
+                     value=np.float64(0.5), sample_size=np.int64(100), violations=np.int32(0),
+                     evidence={"per_input": np.array([0.1, 0.2]), "where": tmp_path})
+    body = json.loads(write_report_json(Report("c", "m", [c], meta={"n": np.int64(3)}),
+                                        tmp_path / "r.json").read_text())
+    clause = body["clauses"][0]
+    assert clause["sample_size"] == 100 and clause["evidence"]["per_input"] == [0.1, 0.2]
+    assert clause["evidence"]["where"] == str(tmp_path) and body["meta"]["n"] == 3

@@ -587,6 +587,71 @@ class Top1FromMargin(Rule):
         return problems
 
 
+def _down(x: np.ndarray) -> np.ndarray:
+    """One ulp below a round-to-nearest result: ≤ the exact value (also at binade edges)."""
+    return np.nextafter(x, -np.inf)
+
+
+def agreement_from_box(box: StoredBox, keep: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(indicator, inference-margin lower bound) per input (keep 1) or (input, position).
+
+    k = argmax train_lo; the training kernel picks k when tl_k > max_{j≠k} th_j; the inference
+    kernel picks k when, for every j ≠ k, z_inf,k − z_inf,j ≥ max(il_k − ih_j,
+    (tl_k − th_j) + (dl_k − dh_j)) > 0 (value box, or training box plus drift box), each
+    difference rounded down.
+    """
+    tl, th, il, ih, dl, dh = (box.train_lo, box.train_hi, box.inf_lo, box.inf_hi, box.drift_lo,
+                              box.drift_hi)
+    if tl.ndim < 2 or tl.shape[-1] < 2:
+        raise RuleError("top1-from-state: the logits need a class axis of size >= 2")
+    k = np.argmax(tl, axis=-1)[..., None]
+
+    def at_k(a: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(a, k, axis=-1)
+
+    others = np.ones(tl.shape, dtype=bool)
+    np.put_along_axis(others, k, False, axis=-1)
+    with np.errstate(invalid="ignore"):
+        train_gap = np.where(others, _down(at_k(tl) - th), np.inf).min(axis=-1)
+        via_box = _down(at_k(il) - ih)
+        via_drift = _down(_down(at_k(tl) - th) + _down(at_k(dl) - dh))
+        inf_gap = np.where(others, np.maximum(np.nan_to_num(via_box, nan=-np.inf),
+                                              np.nan_to_num(via_drift, nan=-np.inf)), np.inf)
+    inf_gap = inf_gap.min(axis=-1)
+    ok = (train_gap > 0) & (inf_gap > 0)
+    axes = keep if ok.ndim >= keep else 1
+    n = int(np.prod(ok.shape[:axes]))
+    return ok.reshape(n, -1).all(axis=1), inf_gap.reshape(n, -1).min(axis=1)
+
+
+@register_rule("top1-from-state")
+class Top1FromState(Rule):
+    """Top-1 agreement read off the state of the logits: both kernels' argmax is k = argmax
+    train_lo for every conforming pair when tl_k > max_{j≠k} th_j and, for every j ≠ k,
+    max(il_k − ih_j, (tl_k − th_j) + (dl_k − dh_j)) > 0 (z_inf = z_train + drift elementwise).
+    Sharper than top1-from-margin, which uses one δ for every class. Premise: [state];
+    params: tensor, keep (1: per input; 2: per (input, position)).
+    """
+
+    loose_keys = {"margins": "lower"}
+
+    def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
+                 ctx: RuleContext) -> dict[str, Any]:
+        _one(premises, "top1-from-state")
+        st, t, keep = premises[0], params.get("tensor"), params.get("keep", 1)
+        if not isinstance(st, dict) or st.get("kind") != "state" or t not in st.get("outputs", {}):
+            raise RuleError(f"top1-from-state: premise must be a state holding {t!r}")
+        if keep not in (1, 2):
+            raise RuleError(f"top1-from-state: keep must be 1 or 2, not {keep!r}")
+        ok, gap = agreement_from_box(ctx.box(st["outputs"][t], t), keep)
+        out = {"quantity": "top1_agreement", "direction": "lower", "tensor": t,
+               **_carry(st, "slice"), "bounds": [fx(1.0 if a else 0.0) for a in ok.tolist()],
+               "margins": [fx(v) for v in gap.tolist()]}
+        if keep != 1:
+            out["keep"] = keep
+        return out
+
+
 # ---- aggregates and thresholds --------------------------------------------------------------
 
 def _quantile_index(stat: str, n: int, direction: str) -> int:

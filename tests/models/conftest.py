@@ -33,15 +33,19 @@ def torchscript_models(tmp_path_factory: pytest.TempPathFactory, build_module) -
 
     out = tmp_path_factory.mktemp("torchscript")
     paths = {}
-    variants = {"decoder": lambda: build_module.TinyDecoder(layers=3),
-                "encoder": lambda: build_module.TinyEncoder(layers=3),
-                "decoder_sdpa_tied": lambda: build_module.TinyDecoder(layers=3, sdpa=True, tied=True)}
-    for name, make in variants.items():
+    variants = {"decoder": (lambda: build_module.TinyDecoder(layers=3), 17),
+                "encoder": (lambda: build_module.TinyEncoder(layers=3), 17),
+                "decoder_sdpa_tied": (lambda: build_module.TinyDecoder(layers=3, sdpa=True,
+                                                                       tied=True), 17),
+                # opset 14: LayerNorm spelled ReduceMean/Sub/Pow/Sqrt/Div, axes as attributes
+                "encoder_opset14": (lambda: build_module.TinyEncoder(layers=3), 14),
+                "decoder_opset14": (lambda: build_module.TinyDecoder(layers=3), 14)}
+    for name, (make, opset) in variants.items():
         model = make()
         build_module.init_weights(model, 7, std=0.08)
         path = out / f"{name}.onnx"
         old = build_module.OPSET
-        build_module.OPSET = 17
+        build_module.OPSET = opset
         try:
             build_module.export(model, torch.zeros(2, 16, dtype=torch.int64), path, "input_ids",
                                 "out", {0: "batch", 1: "seq"}, dynamo=False)

@@ -92,7 +92,8 @@ def test_digest_is_stable_and_weight_sensitive() -> None:
     assert [x.digest == y.digest for x, y in zip(a, c)] == [True, True, False, True]
 
 
-@pytest.mark.parametrize("name", ["decoder", "encoder", "decoder_sdpa_tied"])
+@pytest.mark.parametrize("name", ["decoder", "encoder", "decoder_sdpa_tied", "encoder_opset14",
+                                  "decoder_opset14"])
 def test_torchscript_export_blocks(name: str, torchscript_models) -> None:  # type: ignore[no-untyped-def]
     graph = load_onnx(torchscript_models[name])
     blocks = check_composition(graph, random_feeds(graph, 2, 9))

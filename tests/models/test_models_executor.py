@@ -51,7 +51,8 @@ def test_shipped_model_matches_onnxruntime(name: str, batch: int, seq: int) -> N
     check_against_ort(MODELS / f"{name}.onnx", batch, seq)
 
 
-@pytest.mark.parametrize("name", ["decoder", "encoder", "decoder_sdpa_tied"])
+@pytest.mark.parametrize("name", ["decoder", "encoder", "decoder_sdpa_tied", "encoder_opset14",
+                                  "decoder_opset14"])
 def test_torchscript_export_matches_onnxruntime(name: str, torchscript_models) -> None:  # type: ignore[no-untyped-def]
     check_against_ort(torchscript_models[name], 2, 11)
 

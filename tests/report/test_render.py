@@ -234,3 +234,18 @@ def test_json_accepts_numpy_values(tmp_path: Path) -> None:
     clause = body["clauses"][0]
     assert clause["sample_size"] == 100 and clause["evidence"]["per_input"] == [0.1, 0.2]
     assert clause["evidence"]["where"] == str(tmp_path) and body["meta"]["n"] == 3
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    from kcverify.errors import InputFileError
+    from kcverify.report.writer import read_report_json
+
+    r = sample_report()
+    r.clauses[0].blocks.append(BlockDrift("extra", float("inf"), 0.3))
+    path = write_report_json(r, tmp_path / "r.json")
+    back = read_report_json(path)
+    assert back.to_json() == r.to_json()
+    assert render_html(back) == render_html(r)
+    (tmp_path / "bad.json").write_text('{"format": "something-else"}')
+    with pytest.raises(InputFileError, match="bad.json: not a kcverify report"):
+        read_report_json(tmp_path / "bad.json")

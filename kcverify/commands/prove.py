@@ -1,16 +1,67 @@
-"""`kcverify prove` (not implemented yet)."""
+"""`kcverify prove CONTRACT MODEL`: decide every clause, write the certificate and reports."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
-from kcverify.errors import KcverifyError
+from kcverify.planner import ProveOptions, prove
+from kcverify.planner.prove import stderr_progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prove", help="(not implemented yet)")
+    p = sub.add_parser(
+        "prove", help="decide a contract on a model and write its certificate",
+        description="Decide every clause of CONTRACT on MODEL: proved / refuted (with a replayed "
+                    "counterexample) / unknown formally, passed / failed empirically. Writes the "
+                    "certificate next to the model (MODEL.kcert.json) unless --embed or --no-cert. "
+                    "Exit 0 when no clause is violated, 1 when a clause is refuted or failed, "
+                    "2 for bad input.")
+    p.add_argument("contract", help="the contract YAML file")
+    p.add_argument("model", help="the ONNX model")
+    p.add_argument("--report", type=Path, help="write the JSON report here")
+    p.add_argument("--html", type=Path, help="write the self-contained HTML report here")
+    p.add_argument("--cert", type=Path, help="certificate path (default MODEL.kcert.json)")
+    p.add_argument("--embed", action="store_true",
+                   help="embed the certificate in the ONNX metadata instead of a sidecar file")
+    p.add_argument("--no-cert", action="store_true", help="do not write a certificate")
+    p.add_argument("--domain", default="best", choices=["interval", "linear", "best"],
+                   help="bound domain (default best: the tightest of those available)")
+    p.add_argument("--device", default="cpu", help="torch device for bounds and kernels")
+    p.add_argument("--realizations", type=int, default=2,
+                   help="conforming inference programs drawn per slice for counterexample search "
+                        "and evidence (default 2)")
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="confidence of empirical decisions (default 0.95)")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise KcverifyError("'kcverify prove' is not implemented yet")
+    from kcverify.report.page import write_report_html
+    from kcverify.report.table import render_table
+    from kcverify.report.writer import report_json, write_report_json
+
+    options = ProveOptions(domain=args.domain, device=args.device,
+                           realizations=args.realizations, confidence=args.confidence,
+                           cert_path=args.cert, embed=args.embed,
+                           write_certificate=not args.no_cert,
+                           progress=None if args.quiet else stderr_progress)
+    result = prove(args.contract, args.model, options)
+    if args.json:
+        print(json.dumps(report_json(result.report), indent=2, sort_keys=True))
+    else:
+        print(render_table(result.report))
+        if result.cert_path is not None:
+            print(f"certificate: {result.cert_path}")
+    if args.report is not None:
+        write_report_json(result.report, args.report)
+        if not args.json:
+            print(f"report: {args.report}")
+    if args.html is not None:
+        write_report_html(result.report, args.html)
+        if not args.json:
+            print(f"html report: {args.html}")
+    return result.exit_code

@@ -1,0 +1,350 @@
+"""`kcverify prove`: decide every clause of a contract on a model and write the certificate.
+
+For each clause, by class (DESIGN 1.2):
+
+* certifiable: its NumericalQuery goes to the bound engine on the clause's slice (one
+  certify_drift run per slice, shared by every clause on it); the certified drift goes through
+  the paper's chain (DESIGN 1.3) as composition rules (linf-from-state, ratio/logprob/tv/kl,
+  top1-from-margin, aggregate, threshold), so the clause's proof tree is checkable. When the bound
+  misses the threshold, concrete conforming programs (seeded realizations of both specs) look for
+  a violation: one found and replayed makes the clause *refuted*; otherwise the clause falls back
+  to evidence (passed / failed empirically, the formal verdict recorded as unknown).
+* empirical: both kernels run on the clause's slices and the metric registry decides, with
+  Clopper-Pearson confidence for a soft clause (kcverify.empirical); runtime metrics are measured.
+* static: evaluated on the model artifact.
+
+A soft clause (with a budget) that is proved outright also holds within its budget.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kcverify.dsl import Clause, Contract, NumericalQuery, load_contract, numerical_queries
+from kcverify.errors import InputFileError, KcverifyError
+from kcverify.report.model import BlockDrift, ClauseResult, Report, Verdict
+
+CERT_VERDICT = {Verdict.PROVED: "proved", Verdict.REFUTED: "refuted", Verdict.UNKNOWN: "unknown",
+                Verdict.PASSED: "passed", Verdict.FAILED: "failed"}
+# quantity of a NumericalQuery -> the chain rule that bounds it from the L-inf logit drift
+CHAIN_RULE = {"logit_linf": None, "logprob_abs": "logprob-from-linf",
+              "ratio_dev": "ratio-from-linf", "tv": "tv-from-linf", "kl": "kl-from-linf"}
+AGREEMENT = ("top1_agree",)
+
+
+@dataclass
+class ProveOptions:
+    """How to prove: bound domain and device, concrete programs drawn, outputs written."""
+
+    domain: str = "best"
+    device: str = "cpu"
+    realizations: int = 2  # inference programs drawn per slice (first: nearest, in order)
+    confidence: float = 0.95
+    runtime_repeats: int = 3
+    cert_path: Path | None = None  # default MODEL.kcert.json
+    embed: bool = False
+    write_certificate: bool = True
+    progress: Callable[[str], None] | None = None
+
+
+@dataclass
+class ProveResult:
+    report: Report
+    statement: dict[str, Any]
+    cert_path: Path | None
+
+    @property
+    def exit_code(self) -> int:
+        """0 when no clause is violated and every hard clause holds; else 1."""
+        bad = any(Verdict(c.verdict).violated for c in self.report.clauses)
+        return 1 if bad else 0
+
+
+class Session:
+    """One prove run: the contract, the model, the bound results per slice, and the empirical
+    run (kcverify.empirical.EmpiricalRun: slices, both kernels' outputs, runtime) they share."""
+
+    def __init__(self, contract: Contract, model_path: Path, options: ProveOptions) -> None:
+        from kcverify.empirical.run import EmpiricalRun
+        from kcverify.models.ir import load_onnx
+
+        self.contract = contract
+        self.model_path = model_path
+        self.options = options
+        self.graph = load_onnx(model_path)
+        self.train = _kernel(contract, "train")
+        self.inf = _kernel(contract, "inf")
+        floats = [v.name for v in self.graph.outputs if (v.dtype or "float32").startswith("float")]
+        if not floats:
+            raise KcverifyError(f"{model_path}: the model has no float output to bound")
+        self.output = floats[0]
+        self.empirical = EmpiricalRun(contract, self.graph, device=options.device,
+                                      output=self.output, confidence=options.confidence)
+        self._drift: dict[str, Any] = {}
+        self._blocks: dict[str, list[BlockDrift]] = {}
+        self.block_refs: dict[str, tuple[list[str], dict[str, Any]]] = {}
+
+    def say(self, msg: str) -> None:
+        if self.options.progress is not None:
+            self.options.progress(msg)
+
+    def slice(self, name: str) -> Any:
+        if name not in self.contract.slices:
+            raise KcverifyError(f"{self.contract.path}: clause uses undefined slice {name!r}")
+        data = self.empirical.slice(name)
+        if data.n == 0:
+            raise InputFileError(f"slice {name!r} ({data.source}): no inputs (after 'where')")
+        return data
+
+    def feeds(self, name: str) -> dict[str, np.ndarray]:
+        self.slice(name)
+        return self.empirical.feeds(name)
+
+    def drift(self, name: str) -> Any:
+        """The bound engine's result on slice ``name`` (one certify_drift run per slice)."""
+        from kcverify.bounds import Region, certify_drift
+
+        if name not in self._drift:
+            sl = self.contract.slices[name]
+            region = None
+            if sl.region is not None:
+                region = Region(space=sl.region.space, norm=sl.region.norm, eps=sl.region.eps)
+            t0 = time.perf_counter()
+
+            def progress(k: int, n: int, block: str) -> None:
+                self.say(f"bounding slice {name!r}: block {k + 1}/{n} ({block})")
+
+            self._drift[name] = certify_drift(
+                self.graph, self.train, self.inf, self.feeds(name), region=region,
+                domain=self.options.domain, device=self.options.device, progress=progress)
+            self.say(f"bounded slice {name!r} in {time.perf_counter() - t0:.1f}s: "
+                     f"certified max drift {float(np.max(self._drift[name].linf)):.4g}")
+        return self._drift[name]
+
+    def block_drifts(self, name: str) -> list[BlockDrift]:
+        """Certified against observed drift per block on slice ``name`` (the report's plot)."""
+        from kcverify.bounds import blocks_of
+        from kcverify.empirical.blocks import (
+            block_drifts,
+            certified_block_drift,
+            observed_block_drift,
+        )
+
+        if name not in self._blocks:
+            res = self.drift(name)
+            blocks = blocks_of(self.graph)
+            observed = observed_block_drift(self.graph, blocks, self.train, self.inf,
+                                            self.feeds(name), device=self.options.device)
+            self._blocks[name] = block_drifts(certified_block_drift(res.blocks), observed,
+                                              {b.name: b.kind for b in blocks})
+        return self._blocks[name]
+
+
+def _kernel(contract: Contract, name: str) -> Any:
+    if name not in contract.kernels:
+        raise KcverifyError(f"{contract.path}: kernels needs a {name!r} spec "
+                            f"(it has {', '.join(sorted(contract.kernels)) or 'none'})")
+    return contract.kernels[name]
+
+
+# --- deciding one clause -----------------------------------------------------------------------
+@dataclass
+class _Decision:
+    result: ClauseResult
+    cert: dict[str, Any]  # keyword arguments of CertificateBuilder.add_clause
+
+
+def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
+               ) -> tuple[dict[str, Any] | None, float | None, str]:
+    """(proof, bound, note): a proof tree when the certified bound meets the threshold; else the
+    bound reached (None when the quantity has no chain rule yet) and why it is not a proof."""
+    from kcverify.bounds.box import DiffBox
+    from kcverify.certs.encoding import unfx
+    from kcverify.certs.rules import RuleError
+
+    if q.quantity not in CHAIN_RULE and q.quantity not in AGREEMENT:
+        return None, None, f"no certified rule for {q.quantity} yet"
+    res = s.drift(q.slice)
+    if q.slice not in s.block_refs:
+        refs = [b.add_block(r, ref=f"{q.slice}/{i}:{r.name}") for i, r in enumerate(res.blocks)]
+        inputs = {k: DiffBox.point(np.asarray(v, dtype=np.float64)) for k, v in s.feeds(q.slice).items()}
+        chain = b.sequential(refs, inputs=inputs, outputs=[s.output], slice=q.slice)
+        s.block_refs[q.slice] = (refs, chain)
+    chain = s.block_refs[q.slice][1]
+    keep = 2 if q.per_position else 1
+    linf = b.apply("linf-from-state", [chain], tensor=s.output, keep=keep)
+    if q.quantity in AGREEMENT:
+        node = b.apply("top1-from-state", [chain], tensor=s.output, keep=keep)
+        # lower bounds per element: their mean bounds the mean; forall and quantiles by the min
+        stat = "mean" if q.aggregate == "mean" else "min"
+    else:
+        rule = CHAIN_RULE[q.quantity]
+        node = linf if rule is None else b.apply(rule, [linf], temperature=float(q.temperature))
+        # next-token quantities range over positions 0..seq-2, the bounds over every position:
+        # only the max of the bounds is sure to bound their mean or quantiles
+        next_token = q.quantity in ("logprob_abs", "ratio_dev")
+        stat = "max" if (next_token and q.per_position) else q.aggregate
+    agg = b.apply("aggregate", [node], stat=stat)
+    bound = unfx(agg["conclusion"]["bounds"][0])
+    try:
+        proof = b.apply("threshold", [agg], threshold=float(q.threshold), op=q.op)
+    except RuleError:
+        return None, bound, f"certified bound {bound:.6g} does not meet {q.op} {q.threshold:g}"
+    return proof, bound, ""
+
+
+def _certifiable(s: Session, b: Any, clause: Clause) -> _Decision:
+    """Prove every query of the clause; else search conforming programs for a replayed
+    violation (refuted); else fall back to evidence (the formal verdict stays unknown)."""
+    queries = numerical_queries(clause) or []
+    if not queries:
+        if clause.metric is not None:
+            return _empirical(s, clause, note="formal: no certified rule for this condition")
+        r = ClauseResult(id=clause.id, family=clause.family, verdict=Verdict.UNKNOWN,
+                         method="none", level=clause.level, action=clause.action,
+                         threshold=clause.threshold,
+                         note="no certified rule or metric for this condition")
+        return _Decision(r, dict(verdict="unknown", method="none"))
+    attempts = [_try_prove(s, b, clause, q) for q in queries]
+    slices = list(dict.fromkeys(q.slice for q in queries))
+    blocks = [row for name in slices for row in s.block_drifts(name)] if slices else []
+    bounds = [bd for _, bd, _ in attempts if bd is not None]
+    bound = (max(bounds) if queries[0].upper else min(bounds)) if len(bounds) == len(queries) else None
+    common = dict(id=clause.id, family=clause.family, level=clause.level, action=clause.action,
+                  threshold=float(queries[0].threshold), direction=queries[0].op,
+                  slice=",".join(slices), budget=clause.budget, blocks=blocks)
+    if all(p is not None for p, _, _ in attempts):
+        proofs = [p for p, _, _ in attempts]
+        proof = proofs[0] if len(proofs) == 1 else b.apply("all", proofs)
+        r = ClauseResult(**common, verdict=Verdict.PROVED, method=f"bound-{s.options.domain}",
+                         value=bound, bound=bound,
+                         sample_size=sum(s.slice(n).n for n in slices))
+        return _Decision(r, dict(verdict="proved", bound=bound, method=r.method, proof=proof,
+                                 threshold=float(queries[0].threshold)))
+    note = "; ".join(n for _, _, n in attempts if n)
+    s.say(f"{clause.id}: {note}; searching conforming programs for a violation")
+    found = s.empirical.check_numerical(clause, queries)
+    if Verdict(found.verdict) is Verdict.REFUTED:
+        r = ClauseResult(**common, verdict=Verdict.REFUTED, method=found.method, value=found.value,
+                         bound=bound, sample_size=found.sample_size,
+                         violations=found.violations, note=found.note,
+                         evidence=found.evidence)
+        return _Decision(r, dict(verdict="refuted", method=found.method, op=queries[0].op,
+                                 threshold=float(queries[0].threshold),
+                                 evidence={**found.evidence, "certified_bound": bound}))
+    if clause.metric is not None and clause.budget is not None:
+        return _empirical(s, clause, note=f"formal: {note}")
+    r = ClauseResult(**common, verdict=found.verdict, method=f"empirical-fallback ({found.method})",
+                     value=found.value, bound=bound, sample_size=found.sample_size,
+                     violations=found.violations, note=f"formal: {note}; {found.note}",
+                     slices=found.slices)
+    evidence = {"programs_searched": found.method, "n": found.sample_size,
+                "formal_verdict": "unknown", "certified_bound": bound}
+    if found.value is not None and Verdict(found.verdict) is Verdict.PASSED:
+        evidence["observed"] = found.value
+    return _Decision(r, dict(verdict=CERT_VERDICT[Verdict(found.verdict)], method=r.method,
+                             op=queries[0].op, threshold=float(queries[0].threshold),
+                             evidence=evidence))
+
+
+def _empirical(s: Session, clause: Clause, note: str = "") -> _Decision:
+    """A clause with a metric, decided on its slices by kcverify.empirical (with confidence)."""
+    if clause.metric is None:
+        r = ClauseResult(id=clause.id, family=clause.family, verdict=Verdict.UNKNOWN, method="none",
+                         level=clause.level, action=clause.action,
+                         note="an explicit empirical condition needs a metric (short form)")
+        return _Decision(r, dict(verdict="unknown", method="none"))
+    for name in clause.slices:
+        s.slice(name)
+    s.say(f"{clause.id}: measuring {clause.metric} on {', '.join(clause.slices) or 'all'}")
+    r = s.empirical.decide(clause)
+    if note:
+        r.note = f"{note}; {r.note}" if r.note else note
+    evidence = {"value": r.value, "n": r.sample_size, "violations": r.violations,
+                "confidence": r.confidence, "budget": r.budget, "rate_upper": r.bound,
+                "slices": {sr.slice: {"n": sr.n, "violations": sr.violations, "rate": sr.rate,
+                                      "upper": sr.upper} for sr in r.slices}}
+    if clause.budget is None and r.value is not None and Verdict(r.verdict) is Verdict.PASSED:
+        evidence["observed"] = r.value
+    return _Decision(r, dict(verdict=CERT_VERDICT[Verdict(r.verdict)], threshold=clause.threshold,
+                             op=r.direction, method=r.method, evidence=evidence))
+
+
+def _static(s: Session, clause: Clause) -> _Decision:
+    from kcverify.planner.static import evaluate_static, model_facts
+
+    holds = bool(evaluate_static(clause.expr, model_facts(s.model_path)))
+    v = Verdict.PASSED if holds else Verdict.FAILED
+    r = ClauseResult(id=clause.id, family=clause.family, verdict=v, method="static",
+                     level=clause.level, action=clause.action, note=clause.text)
+    return _Decision(r, dict(verdict=CERT_VERDICT[v], method="static",
+                             evidence={"condition": clause.text, "holds": holds}))
+
+
+# --- the whole contract ------------------------------------------------------------------------
+def prove(contract_path: str | os.PathLike[str], model_path: str | os.PathLike[str],
+          options: ProveOptions | None = None) -> ProveResult:
+    """Decide every clause; build (and by default attach) the certificate."""
+    from kcverify.certs import CertificateBuilder, write_certificate
+    from kcverify.empirical.escalation import escalate
+    from kcverify.models.ir import file_sha256
+
+    options = options or ProveOptions()
+    contract = load_contract(contract_path)
+    model = Path(model_path)
+    if not model.exists():
+        raise InputFileError(f"{model}: no such ONNX file")
+    if contract.model.sha256 not in ("auto", None):
+        have = file_sha256(model)
+        if have != contract.model.sha256:
+            raise KcverifyError(f"{model}: sha256 {have} does not match the contract's "
+                                f"model.sha256 {contract.model.sha256}")
+    s = Session(contract, model, options)
+    digest_kind = "onnx-canonical-v1" if options.embed else "file-sha256"
+    b = CertificateBuilder(model, contract.path, contract.kernels,
+                           {"name": contract.name, "version": contract.version},
+                           model_digest=digest_kind)
+    results: list[ClauseResult] = []
+    for k, clause in enumerate(contract.clauses):
+        s.say(f"[{k + 1}/{len(contract.clauses)}] {clause.id} ({clause.klass}): {clause.text}")
+        if clause.klass == "certifiable":
+            d = _certifiable(s, b, clause)
+        elif clause.klass == "static":
+            d = _static(s, clause)
+        else:
+            d = _empirical(s, clause)
+        results.append(d.result)
+        cert = dict(d.cert)
+        verdict = cert.pop("verdict")
+        b.add_clause(clause.id, clause.family, verdict, klass=clause.klass, hard=clause.hard,
+                     **{"threshold": clause.threshold, **cert})
+    blocks = next((r.blocks for r in results if r.blocks), [])
+    report = Report(contract=contract.name, model=str(model), clauses=results, blocks=blocks,
+                    escalation=dict(contract.escalation),
+                    meta={"contract_path": str(contract.path), "domain": options.domain,
+                          "device": options.device, "realizations": options.realizations})
+    escalate(report, contract.escalation)
+    statement = b.build()
+    cert_path: Path | None = None
+    if options.write_certificate:
+        if options.embed:
+            from kcverify.certs.attach import embed
+
+            embed(model, statement)
+            cert_path = model
+        else:
+            cert_path = options.cert_path or model.with_name(model.name + ".kcert.json")
+            write_certificate(cert_path, statement)
+    return ProveResult(report, statement, cert_path)
+
+
+def stderr_progress(msg: str) -> None:
+    print(f"[kcverify] {msg}", file=sys.stderr, flush=True)

@@ -5,8 +5,9 @@ loss), var = mean(c^2) in [mean(mig(c)^2), mean(mag(c)^2)], r = (var + eps)^-1/2
 normalised x_hat = c r also lies in [-sqrt(n - 1), sqrt(n - 1)] (sum x_hat = 0, sum x_hat^2 <= n).
 
 A conforming program computes it two-pass (mean, centre, mean of squares, rsqrt, scale, shift;
-torch and ONNX's function body do) or fused, each primitive within the spec's error. With the mean
-off by e_mu <= gamma_{n+1} mean|x| (+ u|mu|), sum_j (c_j + e)^2 = sum c_j^2 + n e^2 (the cross term
+torch and ONNX's function body do) or fused, each primitive within the spec's error (a sum is a
+primitive: relative error ulps("reduce") * u, DESIGN 1.1's row for normalising ops). With the mean
+off by e_mu <= ((1 + k_r u)(1 + k_d u) - 1)|mu| + 2 eta, sum_j (c_j + e)^2 = sum c_j^2 + n e^2 (the cross term
 vanishes), so the computed r is within relative rho_r of the exact one and the realised y_j within
 |g_j| r (e_mu + |c_j| rho) + u_out |y_j| + eta-terms of the exact value at the same input.
 Drift: the Jacobian (g/sigma)(I - 11^T/n - x_hat x_hat^T/n) over the hull (mean-value theorem),
@@ -21,7 +22,6 @@ import torch
 
 from kcverify.bounds.box import U64, Box, fsum, imul, mag, mig, pad_hi, pad_lo
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
-from kcverify.kernels.formats import gamma
 from kcverify.kernels.spec import KernelSpec
 
 
@@ -46,11 +46,12 @@ def _realized_err(spec: KernelSpec, lo, hi, c, r, v, eps, g_mag, y_mag) -> torch
     n = lo.shape[-1]
     u, eta = spec.compute.u, spec.compute.eta
     k_r = max(spec.ulp("rsqrt"), spec.ulp("sqrt") + spec.ulp("div"))
-    # a reduction: any order in the accumulator format, then one rounding ("reduce" ulps)
-    gn = (1 + gamma(n + 1, spec.accumulate.u)) * (1 + spec.ulp("reduce") * u) - 1
-    xm = mag(lo, hi)
-    mean_abs = xm.sum(-1, keepdim=True) / n * (1 + (n + 2) * U64)
-    e_mu = gn * mean_abs + spec.ulp("div") * u * mean_abs + 2 * eta
+    # the sums inside a normalising op are primitives (DESIGN 1.1, last row): the exact sum
+    # with relative error <= ulps("reduce") * u, then the division by n
+    gn = spec.ulp("reduce") * u
+    s_lo, s_hi = fsum(lo, hi, -1, keepdim=True)
+    mean_abs = mag(s_lo, s_hi) / n * (1 + 4 * U64)
+    e_mu = ((1 + gn) * (1 + spec.ulp("div") * u) - 1) * mean_abs + 2 * eta
     rho_v = (1 + u) ** 3 * (1 + gn) - 1 + n * eta / (v[0] + eps)
     rho_r = (math.sqrt(1 + 4 * u) * torch.sqrt((1 + rho_v) * (1 + e_mu ** 2 / (v[0] + eps)))
              * (1 + k_r * u) - 1)

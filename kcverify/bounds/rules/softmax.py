@@ -5,7 +5,7 @@ so p_j in [a_j / (a_j + sum_{k!=j} b_k), b_j / (b_j + sum_{k!=j} a_k)] with a = 
 b = exp(hi - M), M = max hi (any common shift).
 
 A conforming program subtracts its own row max m, evaluates exp with k ulps, sums in any order,
-divides (DESIGN 1.1). Rescaled to the frame M, each e_k carries relative error
+divides (DESIGN 1.1; the row sum a primitive with ulps("reduce")). Rescaled to the frame M, each e_k carries relative error
 rho = (1 + k u) exp(u |x_k - m|) - 1 (+ eta), the sum gamma_n, the division (and a fused output
 rounding) max(ulps) u; since sum_k p_k (1 + theta_k) lies in [1 - rho, 1 + rho], the realised p_j
 is within relative tau = (1 + rho)(1 + ku)/((1 - rho)(1 - gamma)) - 1 of the exact softmax at the
@@ -22,7 +22,6 @@ import torch
 
 from kcverify.bounds.box import U64, Box, imul, pad_hi, pad_lo
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
-from kcverify.kernels.formats import gamma
 from kcverify.kernels.spec import KernelSpec
 
 INF = float("inf")
@@ -60,8 +59,8 @@ def realized_error(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, p_hi: t
     z = torch.maximum((m_hi - lo).abs(), (hi - m_lo).abs())
     z = torch.where(fin, z, torch.zeros_like(z))
     rho = ((1 + k_exp * u) * torch.exp(u * z.amax(-1, keepdim=True)) - 1) * (1 + 1e-6)
-    # the row sum: any order in the accumulator format, then one rounding ("reduce" ulps)
-    g = (1 + gamma(n + 1, spec.accumulate.u)) * (1 + spec.ulp("reduce") * u) - 1 + n * eta
+    # the row sum is a primitive of a normalising op: relative error ulps("reduce") * u
+    g = spec.ulp("reduce") * u
     tau = (1 + rho) * (1 + k_out * u) / ((1 - rho) * (1 - g)) - 1
     absd = (n + 2) * eta / (d_min * (1 - rho)) + eta
     err = pad_hi(tau * p_hi + absd, 1e-6)

@@ -1,0 +1,123 @@
+"""Benchmark of the bound engine: ratios measured in one run (DESIGN 5, 6; issue 4).
+
+    python bench/bounds.py [--models tiny_decoder,tiny_encoder,minilm,mlp_small] [--device cpu]
+                           [--contract examples/contracts/fp8-deploy.yaml] [--programs 3]
+
+For each model and domain it prints:
+  time/fwd      certification time / one fp32 forward pass (the executor, Exact arithmetic)
+  cert/falsif   certified bound / the falsifier's largest realized drift (point inputs; >= 1
+                always, 1 is perfect)
+  sep/diff      separate-kernel baseline bound / differential bound (point inputs, and an
+                input/embedding box of radius --eps)
+Figures are medians over the batch; 'inf' means the domain gave no finite bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kcverify.bounds import Region, certify_drift  # noqa: E402
+from kcverify.bounds.falsify import falsify  # noqa: E402
+from kcverify.models.executor import Executor  # noqa: E402
+from kcverify.models.ir import load_onnx  # noqa: E402
+
+MODEL_FILES = {
+    "tiny_decoder": ROOT / "models" / "tiny_decoder.onnx",
+    "tiny_encoder": ROOT / "models" / "tiny_encoder.onnx",
+    "minilm": ROOT / "models" / "minilm" / "minilm.onnx",
+    "mlp_small": ROOT / "models" / "mlp_small.onnx",
+}
+
+
+def feeds_for(graph, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    out = {}
+    for v in graph.inputs:
+        if (v.dtype or "").startswith("int"):
+            out[v.name] = (np.ones((batch, seq), np.int64) if "mask" in v.name
+                           else rng.integers(0, 256, size=(batch, seq)))
+        else:
+            out[v.name] = rng.normal(size=(batch, *[int(d) for d in v.shape[1:]])).astype(np.float32)
+    return out
+
+
+def forward_seconds(graph, feeds, device: str) -> float:
+    ex = Executor(graph, device=device, dtype=torch.float32)
+    ex.run(feeds)
+    ts = []
+    for _ in range(3):
+        t = time.perf_counter()
+        ex.run(feeds)
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+def med(x: np.ndarray) -> float:
+    return float(np.median(x))
+
+
+def ratio(a: np.ndarray, b: np.ndarray) -> float:
+    """Median of a / b; inf where b is finite and a is not; nan where neither is finite."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(np.isfinite(a) | np.isfinite(b), a / b, np.nan)
+    return float(np.median(r))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny_decoder,tiny_encoder,minilm,mlp_small")
+    ap.add_argument("--contract", default=str(ROOT / "examples" / "contracts" / "fp8-deploy.yaml"))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=16)
+    ap.add_argument("--eps", type=float, default=0.01)
+    ap.add_argument("--programs", type=int, default=3, help="program pairs the falsifier runs")
+    args = ap.parse_args()
+    warnings.simplefilter("ignore")
+    from kcverify.commands.bound import load_kernels
+
+    train, inf = load_kernels(args.contract)
+    print(f"contract {args.contract}: kernels train {train.canonical()} -> inf {inf.canonical()}")
+    print(f"device {args.device}, torch threads {torch.get_num_threads()}, batch {args.batch}, "
+          f"seq {args.seq}, region eps {args.eps}")
+    print(f"{'model':<14}{'domain':<10}{'fwd s':>9}{'cert s':>9}{'time/fwd':>10}{'bound':>11}"
+          f"{'falsifier':>11}{'cert/fals':>10}{'sep/diff':>10}{'box bound':>11}{'box sep/diff':>13}")
+    for name in [m for m in args.models.split(",") if m]:
+        path = MODEL_FILES.get(name, Path(name))
+        if not path.exists():
+            print(f"{name:<14}(not available: {path})")
+            continue
+        graph = load_onnx(path)
+        rng = np.random.default_rng(0)
+        feeds = feeds_for(graph, args.batch, args.seq, rng)
+        fwd = forward_seconds(graph, feeds, args.device)
+        fals = falsify(graph, train, inf, feeds, programs=args.programs).best
+        sep = certify_drift(graph, train, inf, feeds, domain="separate", device=args.device).linf
+        token = any((v.dtype or "").startswith("int") for v in graph.inputs)
+        region = Region("embedding" if token else "input", "linf", args.eps)
+        box_sep = certify_drift(graph, train, inf, feeds, region=region, domain="separate",
+                                device=args.device).linf
+        for domain in ("interval", "best"):
+            t = time.perf_counter()
+            res = certify_drift(graph, train, inf, feeds, domain=domain, device=args.device)
+            dt = time.perf_counter() - t
+            box = certify_drift(graph, train, inf, feeds, region=region, domain=domain,
+                                device=args.device).linf
+            with np.errstate(divide="ignore", invalid="ignore"):
+                print(f"{name:<14}{domain:<10}{fwd:>9.4f}{dt:>9.3f}{dt / fwd:>10.1f}"
+                      f"{med(res.linf):>11.4g}{med(fals):>11.4g}{ratio(res.linf, fals):>10.4g}"
+                      f"{ratio(sep, res.linf):>10.4g}{med(box):>11.4g}{ratio(box_sep, box):>13.4g}")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,7 @@
 
 * Policy: the contract's ``escalation`` map, level -> action (default {L1: log, L2: guard,
   L3: fallback}); a clause's own ``action`` overrides its level's. The action *applies* when the
-  clause is violated (refuted or failed-empirically); otherwise the action taken is "none".
+  clause is violated (refuted or failed); otherwise the action taken is "none".
 * Health score (the paper's H over the recent window), defined here as
 
       H = 1 - sum_c w_c * d_c / sum_c w_c,   d_c = min(1, max(0, (v_c - tau_c) / |tau_c|))

@@ -134,7 +134,7 @@ class EmpiricalRun:
         """Evidence for a certifiable clause: program search on each query's slice (and a region
         search when the slice has a region and a single float input; a region in an internal
         space, e.g. embeddings of token inputs, is not searched). A replayed violation refutes
-        the clause; none found gives passed-empirically (evidence for the programs tried, no
+        the clause; none found gives passed (evidence for the programs tried, no
         proof)."""
         run = kernel_runner(self.graph, self.output, self.device, self.base_dir)
         kernels = self.contract.kernels

@@ -1,7 +1,7 @@
 """The report's input: plain dataclasses the planner fills, one ClauseResult per clause.
 
-Verdicts are DESIGN 4's: proved / refuted / unknown (formal) and passed-empirically /
-failed-empirically (measured). A clause is *violated* when refuted or failed-empirically; its
+Verdicts are DESIGN 4's: proved / refuted / unknown (formal) and passed / failed (empirically:
+measured, with the evidence recorded). A clause is *violated* when refuted or failed; its
 action (through the escalation policy, kcverify.empirical.escalation) then applies.
 """
 
@@ -16,8 +16,13 @@ class Verdict(StrEnum):
     PROVED = "proved"
     REFUTED = "refuted"
     UNKNOWN = "unknown"
-    PASSED = "passed-empirically"
-    FAILED = "failed-empirically"
+    PASSED = "passed"  # passed empirically
+    FAILED = "failed"  # failed empirically
+
+    @classmethod
+    def _missing_(cls, value: object) -> Verdict | None:
+        """DESIGN's long names are accepted: passed-empirically, failed-empirically."""
+        return {"passed-empirically": cls.PASSED, "failed-empirically": cls.FAILED}.get(str(value))
 
     @property
     def violated(self) -> bool:

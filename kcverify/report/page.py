@@ -37,8 +37,8 @@ tr.slice td { background: #fafbfd; color: var(--muted); font-size: 13px; }
 tr.slice td:first-child { padding-left: 26px; }
 .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px;
   font-weight: 600; color: #fff; white-space: nowrap; }
-.badge.proved, .badge.passed-empirically { background: var(--pass); }
-.badge.refuted, .badge.failed-empirically { background: var(--fail); }
+.badge.proved, .badge.passed { background: var(--pass); }
+.badge.refuted, .badge.failed { background: var(--fail); }
 .badge.unknown { background: var(--unk); }
 .note { color: var(--muted); font-size: 12px; max-width: 420px; }
 .act-on { color: var(--fail); font-weight: 600; } .act-off { color: var(--muted); }
@@ -127,8 +127,8 @@ def _drift_charts(report: Report) -> str:
 def render_html(report: Report, title: str | None = None) -> str:
     """The whole page as one string."""
     counts = report.counts()
-    held = counts["proved"] + counts["passed-empirically"]
-    bad = counts["refuted"] + counts["failed-empirically"]
+    held = counts["proved"] + counts["passed"]
+    bad = counts["refuted"] + counts["failed"]
     health = "-" if report.health is None else f"{report.health:.3f}"
     title = title or f"kcverify report: {report.contract}"
     cards = [

@@ -185,7 +185,7 @@ def exceedance_chart(clauses: Sequence[ClauseResult], height: int = 320) -> str:
         cx = PAD_L + slot * (i + 0.5)
         y = axis.y(b.rate)
         h = max(axis.bottom - y, 0.5)
-        cls = {"failed-empirically": "bar-failed", "passed-empirically": "bar-passed"}.get(b.verdict, "bar-unknown")
+        cls = {"failed": "bar-failed", "passed": "bar-passed"}.get(b.verdict, "bar-unknown")
         out.append(f'<rect class="bar-rate {cls}" x="{cx - bw / 2:.1f}" y="{axis.bottom - h:.1f}" '
                    f'width="{bw:.1f}" height="{h:.1f}" data-label="{escape(b.label)}" '
                    f'data-value="{b.rate!r}"><title>{escape(b.label)}: rate {fmt(b.rate)}, '

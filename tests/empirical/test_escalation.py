@@ -20,7 +20,7 @@ def test_policy_and_override() -> None:
     assert prescribed_action("L1") == "log" and prescribed_action("L3") == "fallback"
     assert prescribed_action("L2", "fallback") == "fallback"
     assert prescribed_action("L2", None, {"L2": "log"}) == "log"
-    assert action_taken("failed-empirically", "L2") == "guard"
+    assert action_taken("failed", "L2") == "guard"
     assert action_taken("refuted", "L3") == "fallback"
     assert action_taken("unknown", "L3") == "none" and action_taken("proved", "L3") == "none"
 
@@ -57,9 +57,9 @@ def test_health_by_hand() -> None:
 def test_escalate_fills_report() -> None:
     results = [
         ClauseResult("N-1", "numerical", "proved", "interval", bound=0.01, threshold=0.05, level="L2"),
-        ClauseResult("S-1", "statistical", "failed-empirically", "clopper-pearson", value=0.9,
+        ClauseResult("S-1", "statistical", "failed", "clopper-pearson", value=0.9,
                      threshold=0.99, direction=">=", level="L2"),
-        ClauseResult("R-1", "runtime", "passed-empirically", "clopper-pearson", value=30.0,
+        ClauseResult("R-1", "runtime", "passed", "clopper-pearson", value=30.0,
                      threshold=40.0, level="L1", action="log"),
         ClauseResult("S-2", "statistical", "unknown", "clopper-pearson", level="L3"),
     ]
@@ -86,7 +86,7 @@ def test_history_window_from_earlier_reports() -> None:
            {"clauses": [{"id": "R-1", "value": 50.0}]}]
     hist = history_from_reports(old)
     assert hist == {"R-1": [60.0, 50.0]}
-    now = ClauseResult("R-1", "runtime", "passed-empirically", "clopper-pearson", value=30.0,
+    now = ClauseResult("R-1", "runtime", "passed", "clopper-pearson", value=30.0,
                        threshold=40.0, level="L1")
     # window 2: values 50 (d = 0.25) and 30 (d = 0) -> H = 1 - 0.125
     assert escalate(Report("c", "m", [now]), history=hist, window=2).health == pytest.approx(0.875)

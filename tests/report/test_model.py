@@ -10,6 +10,7 @@ from kcverify.report.model import ClauseResult, Report, SliceResult, Verdict
 
 
 def test_verdict_strings_and_violation() -> None:
+    assert Verdict("passed") is Verdict.PASSED
     assert Verdict("passed-empirically") is Verdict.PASSED
     assert Verdict.FAILED.violated and Verdict.REFUTED.violated
     assert not Verdict.UNKNOWN.violated and Verdict.PROVED.holds
@@ -20,14 +21,14 @@ def test_verdict_strings_and_violation() -> None:
 
 def test_report_json_and_exit_code() -> None:
     ok = ClauseResult("N-1", "numerical", "proved", "interval", value=0.01, threshold=0.05)
-    bad = ClauseResult("S-1", "statistical", "failed-empirically", "clopper-pearson",
+    bad = ClauseResult("S-1", "statistical", "failed", "clopper-pearson",
                        level="L2", action="guard",
-                       slices=[SliceResult("all", "failed-empirically", n=100, violations=9)])
+                       slices=[SliceResult("all", "failed", n=100, violations=9)])
     r = Report("c.yaml", "m.onnx", [ok, bad], health=0.5, action="guard")
     assert r.exit_code == 1 and Report("c", "m", [ok]).exit_code == 0
     body = json.loads(json.dumps(r.to_json()))
-    assert body["clauses"][1]["verdict"] == "failed-empirically"
+    assert body["clauses"][1]["verdict"] == "failed"
     assert body["clauses"][1]["action_taken"] == "guard"
     assert body["clauses"][0]["action_taken"] == "none"
-    assert body["clauses"][1]["slices"][0]["verdict"] == "failed-empirically"
+    assert body["clauses"][1]["slices"][0]["verdict"] == "failed"
     assert body["counts"]["proved"] == 1 and body["ok"] is False

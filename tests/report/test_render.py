@@ -41,7 +41,7 @@ def test_json_report(tmp_path: Path) -> None:
     assert set(by_id["S-FP8-1"]) == CLAUSE_KEYS
     s = by_id["S-FP8-1"]
     assert (s["verdict"], s["sample_size"], s["confidence"], s["action_taken"]) == \
-        ("failed-empirically", 500, 0.95, "guard")
+        ("failed", 500, 0.95, "guard")
     assert [x["slice"] for x in s["slices"]] == ["all", "safety"]
     assert s["slices"][0]["upper"] == 0.18
     assert by_id["N-FP8-1"]["blocks"][3]["certified"] == 0.83
@@ -69,7 +69,7 @@ def test_table_is_aligned() -> None:
     for ln in rows:
         assert ln[verdict_col - 2:verdict_col] == "  " and ln[verdict_col] != " "
     assert set(rule.replace(" ", "")) == {"-"}
-    assert "S-FP8-1     statistical  failed-empirically" in text
+    assert "S-FP8-1     statistical  failed" in text
     assert "0.031 (60/400)" in text and "(guard)" in text  # prescribed, not triggered on N-FP8-1
     assert lines[-1].startswith("6 clauses: 1 proved, 1 refuted, 1 unknown") and "fallback" in lines[-1]
 
@@ -135,7 +135,7 @@ def test_html_page_structure_and_plots() -> None:
     assert "Certified vs observed drift per block" in svg_text and "20.2×" in svg_text
     assert "Exceedance per slice" in svg_text
     text = " ".join(p.text)
-    for needle in ("S-FP8-1", "failed-empirically", "0.031 (60/400)", "rate ≤ 0.18", "95%", "0.771"):
+    for needle in ("S-FP8-1", "failed", "0.031 (60/400)", "rate ≤ 0.18", "95%", "0.771"):
         assert needle in text
     rows = [a for t, a in p.tags if t == "tr" and a.get("class") == "clause"]
     assert [a["data-id"] for a in rows] == ["N-FP8-1", "N-FP8-2", "S-FP8-1", "S-FP8-2", "R-FP8-1",
@@ -226,7 +226,7 @@ def test_counterexample_evidence_is_shown() -> None:
 def test_json_accepts_numpy_values(tmp_path: Path) -> None:
     import numpy as np
 
-    c = ClauseResult("S-1", "statistical", "passed-empirically", "clopper-pearson",
+    c = ClauseResult("S-1", "statistical", "passed", "clopper-pearson",
                      value=np.float64(0.5), sample_size=np.int64(100), violations=np.int32(0),
                      evidence={"per_input": np.array([0.1, 0.2]), "where": tmp_path})
     body = json.loads(write_report_json(Report("c", "m", [c], meta={"n": np.int64(3)}),

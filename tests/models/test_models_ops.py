@@ -164,6 +164,8 @@ CASES: list[Case] = [
     ("cast_bool", "Cast", {"x": np.array([0.0, 2.0, -1.0], np.float32)}, {},
      [("y", TensorProto.BOOL)], 17, {"to": TensorProto.BOOL}),
     ("cast_float", "Cast", {"x": i64(3, -2)}, {}, [("y", F32)], 17, {"to": TensorProto.FLOAT}),
+    ("castlike_fp16", "CastLike", {"x": f(3, 4, scale=100)}, {"like": np.zeros(1, np.float16)},
+     [("y", TensorProto.FLOAT16)], 17, {}),
     ("expand", "Expand", {"x": f(3, 1)}, {"s": i64(2, 1, 4)}, [("y", F32)], 17, {}),
     ("identity", "Identity", {"x": f(3, 1)}, {}, [("y", F32)], 17, {}),
     ("flatten", "Flatten", {"x": f(2, 3, 4)}, {}, [("y", F32)], 17, {"axis": 2}),

@@ -29,6 +29,11 @@ FLOAT_TYPES: dict[int, torch.dtype | None] = {
     TensorProto.FLOAT16: torch.float16, TensorProto.BFLOAT16: torch.bfloat16,
     TensorProto.FLOAT8E4M3FN: torch.float8_e4m3fn, TensorProto.FLOAT8E5M2: torch.float8_e5m2,
 }
+# numpy / ml_dtypes names of the float formats narrower than the executor's -> their torch dtype
+NARROW_FLOATS: dict[str, torch.dtype] = {
+    "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+}
 _ML_FLOATS = {np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn),
               np.dtype(ml_dtypes.float8_e5m2)}
 

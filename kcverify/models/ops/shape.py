@@ -13,6 +13,7 @@ from kcverify.models.ops import OpContext, register_op
 from kcverify.models.ops._util import (
     FLOAT_TYPES,
     INT_TYPES,
+    NARROW_FLOATS,
     from_numpy,
     int_tensor,
     ints,
@@ -81,7 +82,8 @@ def cast(ctx: OpContext, x: torch.Tensor, *, to: int, saturate: int = 1) -> torc
 def cast_like(ctx: OpContext, x: torch.Tensor, like: torch.Tensor, *,
               saturate: int = 1) -> torch.Tensor:
     if like.is_floating_point():
-        return x.to(ctx.dtype)
+        fmt = NARROW_FLOATS.get(ctx.input_dtype(1) or "")
+        return round_to(x.to(ctx.dtype), fmt, saturate=bool(saturate))
     return x.to(like.dtype)
 
 

@@ -62,11 +62,8 @@ def _opset(graph: Graph, domain: str) -> int:
     return graph.opsets.get(domain, 1)
 
 
-def _attr_kwargs(node: Node, impl: OpImpl) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in node.attrs.items():
-        out[k] = list(v) if isinstance(v, tuple) else v
-    return out
+def _attr_kwargs(node: Node) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in node.attrs.items()}
 
 
 class Executor:
@@ -84,7 +81,6 @@ class Executor:
         self.constant_names = graph.constant_names()
         self._steps: list[_Step] | None = None
         self._constants: dict[str, torch.Tensor] | None = None
-        self._last_use: dict[str, int] = {}
         self._schedule: list[tuple[_Step, list[str]]] = []
 
     # --- support -------------------------------------------------------------------------
@@ -109,39 +105,37 @@ class Executor:
             dtypes = tuple(g.info(i).dtype if i else None for i in n.inputs)
             ctx = OpContext(n, _opset(g, n.domain), self.arithmetic, self.dtype, self.device,
                             roles, self.exact, dtypes)
-            steps.append(_Step(n, impl, ctx, _attr_kwargs(n, impl)))
-        self._steps = steps
+            steps.append(_Step(n, impl, ctx, _attr_kwargs(n)))
+        constants = self._fold_constants(steps)
         outputs = {v.name for v in g.outputs}
+        last_use: dict[str, int] = {}
         for idx, s in enumerate(steps):
             for i in s.node.inputs:
                 if i and i not in self.constant_names:
-                    self._last_use[i] = idx
-        for o in outputs:
-            self._last_use[o] = len(steps)
-        self._fold_constants()
-        assert self._constants is not None
+                    last_use[i] = idx
         # what runs per call (the constant part is folded), and what each step frees
         frees: dict[int, list[str]] = {}
-        for name, idx in self._last_use.items():
-            if idx < len(steps) and name not in outputs:
+        for name, idx in last_use.items():
+            if name not in outputs:
                 frees.setdefault(idx, []).append(name)
         self._schedule = [(s, frees.get(idx, [])) for idx, s in enumerate(steps)
-                          if not all((not o) or o in self._constants for o in s.node.outputs)]
+                          if not all((not o) or o in constants for o in s.node.outputs)]
+        self._constants = constants
+        self._steps = steps
         return steps
 
-    def _fold_constants(self) -> None:
+    def _fold_constants(self, steps: list[_Step]) -> dict[str, torch.Tensor]:
         """Evaluate the constant part once, with exact arithmetic."""
         exact = Exact()
         env: dict[str, torch.Tensor] = {
             k: from_numpy(v, self.dtype, self.device) for k, v in self.graph.initializers.items()}
-        assert self._steps is not None
-        for s in self._steps:
+        for s in steps:
             outs = [o for o in s.node.outputs if o]
             if outs and all(o in self.constant_names for o in outs):
                 ctx = OpContext(s.node, s.ctx.opset, exact, self.dtype, self.device, s.ctx.roles,
                                 True, s.ctx.input_dtypes)
                 self._eval(s, ctx, env)
-        self._constants = env
+        return env
 
     @property
     def constants(self) -> dict[str, torch.Tensor]:

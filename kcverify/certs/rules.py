@@ -188,9 +188,14 @@ def unregister_rule(name: str) -> None:
     RULES.pop(name, None)
 
 
+_LOADED: dict[str, set[str]] = {}  # rule module (resolved path or dotted name) -> rules it added
+
+
 def load_rule_modules(specs: list[str]) -> list[str]:
     """Import modules that register rules: dotted module names or paths to .py files. Returns
-    the names of the rules they added. A module that cannot be imported is bad input."""
+    the names of the rules they added. Loading a module again while its rules are registered is
+    a no-op (prove and check in one process); a module that cannot be imported, or that
+    registers a name already taken, is bad input."""
     import importlib
     import importlib.util
     from pathlib import Path
@@ -200,6 +205,10 @@ def load_rule_modules(specs: list[str]) -> list[str]:
     before = set(RULES)
     for spec in specs:
         path = Path(spec)
+        key = str(path.resolve()) if spec.endswith(".py") else spec
+        if key in _LOADED and _LOADED[key] and _LOADED[key] <= set(RULES):
+            continue
+        start = set(RULES)
         try:
             if spec.endswith(".py"):
                 if not path.is_file():
@@ -213,6 +222,9 @@ def load_rule_modules(specs: list[str]) -> list[str]:
                 importlib.import_module(spec)
         except ImportError as e:
             raise InputFileError(f"{spec}: cannot import rule module ({e})") from None
+        except ValueError as e:
+            raise InputFileError(f"{spec}: {e}") from None
+        _LOADED[key] = set(RULES) - start
     return sorted(set(RULES) - before)
 
 

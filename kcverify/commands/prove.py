@@ -34,16 +34,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "and evidence (default 2)")
     p.add_argument("--confidence", type=float, default=0.95,
                    help="confidence of empirical decisions (default 0.95)")
+    p.add_argument("--rules", action="append", default=[], metavar="MODULE",
+                   help="a module or .py file registering extra composition rules (a rule with "
+                        "'derives = QUANTITY' lets prove certify that quantity); repeatable")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from kcverify.certs.rules import load_rule_modules
     from kcverify.report.page import write_report_html
     from kcverify.report.table import render_table
     from kcverify.report.writer import report_json, write_report_json
 
+    load_rule_modules(args.rules)
     options = ProveOptions(domain=args.domain, device=args.device,
                            realizations=args.realizations, confidence=args.confidence,
                            cert_path=args.cert, embed=args.embed,

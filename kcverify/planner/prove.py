@@ -162,6 +162,19 @@ class _Decision:
     cert: dict[str, Any]  # keyword arguments of CertificateBuilder.add_clause
 
 
+def _plugin_rule(quantity: str) -> str | None:
+    """A registered composition rule that declares ``derives = quantity`` (docs/rules.md): the
+    planner applies it to [linf_drift, state]. Built-in chain rules take precedence."""
+    from kcverify.certs.rules import RULES
+
+    if quantity in CHAIN_RULE or quantity in AGREEMENT:
+        return None
+    for name, rule in sorted(RULES.items()):
+        if getattr(rule, "derives", None) == quantity:
+            return name
+    return None
+
+
 def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
                ) -> tuple[dict[str, Any] | None, float | None, str]:
     """(proof, bound, note): a proof tree when the certified bound meets the threshold; else the
@@ -170,8 +183,9 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
     from kcverify.certs.encoding import unfx
     from kcverify.certs.rules import RuleError
 
-    if q.quantity not in CHAIN_RULE and q.quantity not in AGREEMENT:
-        return None, None, f"no certified rule for {q.quantity} yet"
+    plugin = _plugin_rule(q.quantity)
+    if q.quantity not in CHAIN_RULE and q.quantity not in AGREEMENT and plugin is None:
+        return None, None, f"no certified rule for {q.quantity} (load one with --rules)"
     res = s.drift(q.slice)
     if q.slice not in s.block_refs:
         refs = [b.add_block(r, ref=f"{q.slice}/{i}:{r.name}") for i, r in enumerate(res.blocks)]
@@ -185,6 +199,9 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
         node = b.apply("top1-from-state", [chain], tensor=s.output, keep=keep)
         # lower bounds per element: their mean bounds the mean; forall and quantiles by the min
         stat = "mean" if q.aggregate == "mean" else "min"
+    elif plugin is not None:
+        node = b.apply(plugin, [linf, chain])
+        stat = q.aggregate
     else:
         rule = CHAIN_RULE[q.quantity]
         node = linf if rule is None else b.apply(rule, [linf], temperature=float(q.temperature))
@@ -230,6 +247,10 @@ def _certifiable(s: Session, b: Any, clause: Clause) -> _Decision:
         return _Decision(r, dict(verdict="proved", bound=bound, method=r.method, proof=proof,
                                  threshold=float(queries[0].threshold)))
     note = "; ".join(n for _, _, n in attempts if n)
+    if clause.budget is not None and clause.metric is not None:
+        # a soft clause allows violations up to its budget: a violating program does not refute
+        # it; the exceedance rate decides, with confidence
+        return _empirical(s, clause, note=f"formal: {note}")
     s.say(f"{clause.id}: {note}; searching conforming programs for a violation")
     found = s.empirical.check_numerical(clause, queries)
     if Verdict(found.verdict) is Verdict.REFUTED:
@@ -240,8 +261,6 @@ def _certifiable(s: Session, b: Any, clause: Clause) -> _Decision:
         return _Decision(r, dict(verdict="refuted", method=found.method, op=queries[0].op,
                                  threshold=float(queries[0].threshold),
                                  evidence={**found.evidence, "certified_bound": bound}))
-    if clause.metric is not None and clause.budget is not None:
-        return _empirical(s, clause, note=f"formal: {note}")
     r = ClauseResult(**common, verdict=found.verdict, method=f"empirical-fallback ({found.method})",
                      value=found.value, bound=bound, sample_size=found.sample_size,
                      violations=found.violations, note=f"formal: {note}; {found.note}",

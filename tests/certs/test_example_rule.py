@@ -1,53 +1,29 @@
 """The example rule of docs/rules.md, registered from a test file and verified by the checker.
 
-Keep this file and the docs' example identical in substance.
+The rule lives in examples/rules/l2_from_linf.py (the file docs/rules.md shows).
 """
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from kcverify.certs import Rule, RuleContext, RuleError, register_rule
+from kcverify.certs import RuleContext
 from kcverify.certs.checker import check_certificate
-from kcverify.certs.encoding import fx, unfx, up
-from kcverify.certs.rules import unregister_rule
+from kcverify.certs.encoding import fx, unfx
+from kcverify.certs.rules import load_rule_modules, unregister_rule
 from kcverify.certs.statement import CertificateBuilder
 from kcverify.certs.testing import FakeBox, FakeEngine
 
-
-class L2FromLinf(Rule):
-    """‖z_inf(x_i) − z_train(x_i)‖₂ ≤ √n · δ_i, n = the number of entries per input.
-
-    Premises: [linf_drift of tensor t, the state holding t] (the state fixes n, so a certificate
-    cannot claim a smaller n). √n and the product are rounded upward.
-    """
-
-    def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
-                 ctx: RuleContext) -> dict[str, Any]:
-        if len(premises) != 2:
-            raise RuleError("l2-from-linf takes [linf_drift, state]")
-        linf, state = premises
-        if linf.get("quantity") != "linf_drift" or state.get("kind") != "state":
-            raise RuleError("l2-from-linf takes [linf_drift, state]")
-        t = linf["tensor"]
-        box = ctx.box(state["outputs"][t], t)
-        n = math.prod(box.shape[1:])
-        root = math.sqrt(n)  # correctly rounded; step up if below the exact root
-        if Fraction(root) ** 2 < n:
-            root = math.nextafter(root, math.inf)
-        bounds = [up(Fraction(root) * Fraction(unfx(d))) for d in linf["bounds"]]
-        return {"quantity": "l2_drift", "direction": "upper", "tensor": t,
-                "bounds": [fx(b) for b in bounds]}
+RULE_FILE = Path(__file__).resolve().parents[2] / "examples" / "rules" / "l2_from_linf.py"
 
 
 @pytest.fixture()
 def l2_rule() -> Any:
-    register_rule("l2-from-linf")(L2FromLinf)
+    assert load_rule_modules([str(RULE_FILE)]) == ["l2-from-linf"]
     yield
     unregister_rule("l2-from-linf")
 

@@ -8,9 +8,19 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from _model_helpers import F32, I64, PassThrough, assert_close, run_ort, run_ours, single_node
+from _model_helpers import (
+    F32,
+    I64,
+    PassThrough,
+    Recorder,
+    assert_close,
+    run_ort,
+    run_ours,
+    single_node,
+)
 from onnx import TensorProto, numpy_helper
 
+from kcverify.kernels.spec import DEFAULT_ULPS
 from kcverify.models.ops import lookup
 
 rng = np.random.default_rng(0)
@@ -229,20 +239,18 @@ def test_every_registered_op_has_a_case() -> None:
     assert set(registered()) - {c[1] for c in CASES} - elsewhere == set()
 
 
-DECOMPOSED = [c for c in CASES if c[1] in {"Gelu", "Softmax", "LogSoftmax", "LayerNormalization",
-                                          "RMSNormalization",
-                                          "ReduceMean", "Softplus", "AveragePool", "Gemm"}]
-
-
-@pytest.mark.parametrize("case", DECOMPOSED, ids=[c[0] for c in DECOMPOSED])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_decomposed_path_matches_onnxruntime(case: Case) -> None:
-    """Under a non-Exact arithmetic composite ops run as tagged primitives: same values."""
+    """Under a non-Exact arithmetic composite ops run as tagged primitives: same values, and
+    every tag is a primitive kernel specs know."""
     _, op, inputs, consts, outputs, opset, attrs = case
     model = single_node(op, inputs, outputs, opset, consts, **attrs)
     ref = run_ort(model, inputs)
-    ours = run_ours(model, inputs, arithmetic=PassThrough())
+    rec = Recorder()
+    ours = run_ours(model, inputs, arithmetic=rec)
     for a, b in zip(ours, ref):
         assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert {p for _, p in rec.rounds} <= set(DEFAULT_ULPS)
 
 
 def test_registry_is_opset_data() -> None:

@@ -96,7 +96,8 @@ def test_model_sound_fast(name: str) -> None:
 @pytest.mark.parametrize("spec_name", sorted(SPECS))
 @pytest.mark.parametrize("name", SHIPPED)
 def test_model_sound_slow(name: str, spec_name: str) -> None:
-    stats = _whole(name, spec_name, n_inputs=20, n_real=12, seed=15)
+    token = name in TOKEN  # their realizations run ~5 s each on a shared CPU
+    stats = _whole(name, spec_name, n_inputs=20, n_real=3 if token else 12, seed=15)
     assert not stats.violations, "\n".join(stats.violations[:5])
-    stats = _blockwise(name, spec_name, n_real=6, seed=16)
+    stats = _blockwise(name, spec_name, n_real=2 if token else 6, seed=16)
     assert not stats.violations, "\n".join(stats.violations[:5])

@@ -163,8 +163,10 @@ class Executor:
             elif t.is_floating_point():
                 t = t.to(self.dtype)
             if vi.shape is not None:
+                # a static batch of 1 (as VNN-COMP networks declare) admits any batch
                 if len(vi.shape) != t.dim() or any(
-                        isinstance(d, int) and d != s for d, s in zip(vi.shape, t.shape)):
+                        isinstance(d, int) and d != s and not (k == 0 and d == 1)
+                        for k, (d, s) in enumerate(zip(vi.shape, t.shape))):
                     raise ExecutionError(
                         f"{self.graph.name}: input {vi.name!r} has shape {tuple(t.shape)}, "
                         f"expected {tuple(vi.shape)}")

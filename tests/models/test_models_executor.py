@@ -71,6 +71,13 @@ def test_acasxu_matches_onnxruntime(net: str) -> None:
         ours = ex.run({"input": x})
         (ref,) = sess.run(None, {"input": x})
         assert_close(next(iter(ours.values())).numpy(), ref, rtol=1e-5)
+    # declared batch 1, run batched: each row as if run alone
+    xs = rng.uniform(-0.5, 0.5, size=(7, 1, 1, 5)).astype(np.float32)
+    batched = next(iter(ex.run({"input": xs}).values()))
+    assert batched.shape == (7, 5)
+    for i in range(7):
+        (ref,) = sess.run(None, {"input": xs[i:i + 1]})
+        assert_close(batched[i:i + 1].numpy(), ref, rtol=1e-5)
 
 
 def test_minilm_matches_onnxruntime(minilm_path: Path) -> None:

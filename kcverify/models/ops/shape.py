@@ -301,12 +301,23 @@ def trilu(ctx: OpContext, x: torch.Tensor, k: torch.Tensor | None = None, *,
     return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+@register_op("Pad", since_opset=2)
+def pad_v2(ctx: OpContext, x: torch.Tensor, *, pads: list[int], mode: str = "constant",
+           value: float = 0.0) -> torch.Tensor:
+    """Pad with the amounts and fill value as attributes (opsets 2-10)."""
+    return _pad(x, list(pads), [], mode, value)
+
+
 @register_op("Pad", since_opset=11)
 def pad(ctx: OpContext, x: torch.Tensor, pads: torch.Tensor, value: torch.Tensor | None = None,
         axes: torch.Tensor | None = None, *, mode: str = "constant") -> torch.Tensor:
     """Pad with (begin..., end...) amounts per axis (negative pads crop)."""
-    p = ints(pads)
-    ax = [norm_axis(a, x.dim()) for a in ints(axes)] or list(range(x.dim()))
+    fill = float(value.item()) if value is not None and value.numel() else 0.0
+    return _pad(x, ints(pads), ints(axes), mode, fill)
+
+
+def _pad(x: torch.Tensor, p: list[int], axes: list[int], mode: str, fill: float) -> torch.Tensor:
+    ax = [norm_axis(a, x.dim()) for a in axes] or list(range(x.dim()))
     n = len(ax)
     flat: list[int] = []
     for i in reversed(range(x.dim())):
@@ -317,8 +328,9 @@ def pad(ctx: OpContext, x: torch.Tensor, pads: torch.Tensor, value: torch.Tensor
             flat += [0, 0]
     torch_mode = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}[mode]
     if torch_mode == "constant":
-        fill = float(value.item()) if value is not None and value.numel() else 0.0
         return F.pad(x, flat, mode="constant", value=fill)
+    while len(flat) > 2 and flat[-2:] == [0, 0]:  # torch pads only the trailing axes here
+        flat = flat[:-2]
     return F.pad(x, flat, mode=torch_mode)
 
 

@@ -47,16 +47,33 @@ def pad_hi(x: torch.Tensor, rel: float = REL_PAD) -> torch.Tensor:
     return torch.where(torch.isfinite(x), y, x)
 
 
+def nan_to(x: torch.Tensor, v: float) -> torch.Tensor:
+    """Replace NaN (no information) by v; infinities stay (unlike torch.nan_to_num)."""
+    return torch.where(torch.isnan(x), torch.full_like(x, v), x)
+
+
+_nan_to = nan_to
+
+
+def meet_lo(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Intersection of two lower bounds, each rounded outward; NaN reads as no information."""
+    return torch.maximum(nan_to(pad_lo(a), -float("inf")), nan_to(pad_lo(b), -float("inf")))
+
+
+def meet_hi(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.minimum(nan_to(pad_hi(a), float("inf")), nan_to(pad_hi(b), float("inf")))
+
+
 def sub_lo(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Lower bound of a - b for a >= a_lo, b <= b_hi, with inf - inf (same point) read as no
     information (-inf)."""
     d = a - b
-    return torch.nan_to_num(d, nan=-float("inf"))
+    return _nan_to(d, -float("inf"))
 
 
 def sub_hi(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     d = a - b
-    return torch.nan_to_num(d, nan=float("inf"))
+    return _nan_to(d, float("inf"))
 
 
 def imul(al: torch.Tensor, ah: torch.Tensor, bl: torch.Tensor, bh: torch.Tensor
@@ -168,8 +185,7 @@ class Box:
         if dl is None or dh is None:
             return Box(tl, th, il, ih, vdl, vdh)
         shape = torch.broadcast_shapes(dl.shape, vdl.shape)
-        return Box(tl, th, il, ih, torch.maximum(pad_lo(dl), pad_lo(vdl)).expand(shape),
-                   torch.minimum(pad_hi(dh), pad_hi(vdh)).expand(shape))
+        return Box(tl, th, il, ih, meet_lo(dl, vdl).expand(shape), meet_hi(dh, vdh).expand(shape))
 
     def padded(self) -> Box:
         return Box(pad_lo(self.tl), pad_hi(self.th), pad_lo(self.il), pad_hi(self.ih),

@@ -70,7 +70,7 @@ def _drift(graph: Graph, pair: tuple[Realization, Realization], feeds: dict[str,
         if not t.is_floating_point():
             continue
         d = torch.where(torch.isinf(t) & (t == i), torch.zeros_like(t), (i - t).abs())
-        d = torch.nan_to_num(d, nan=float("inf"))
+        d = torch.where(torch.isnan(d), torch.full_like(d, float("inf")), d)
         m = d.reshape(d.shape[0], -1).amax(1).double().cpu().numpy()
         best = m if best is None else np.maximum(best, m)
     assert best is not None

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kcverify.bounds.box import Box, Concrete, mag, pad_hi, pad_lo
+from kcverify.bounds.box import Box, Concrete, mag, meet_hi, meet_lo, pad_hi, pad_lo
 from kcverify.kernels.spec import KernelSpec
 from kcverify.models.ir import Node
 
@@ -145,8 +145,8 @@ class RuleCtx:
             h_lo, h_hi = x.hull()
             g_lo, g_hi = df(h_lo, h_hi)
             dl, dh = imul(g_lo, g_hi, x.dl, x.dh)
-            dl = torch.maximum(pad_lo(dl), pad_lo(fi_lo - ft_hi)) - et - ei
-            dh = torch.minimum(pad_hi(dh), pad_hi(fi_hi - ft_lo)) + et + ei
+            dl = meet_lo(dl, fi_lo - ft_hi) - et - ei
+            dh = meet_hi(dh, fi_hi - ft_lo) + et + ei
             return Box.make(tl, th, il, ih, dl, dh)
         return Box.make(tl, th, il, ih)
 

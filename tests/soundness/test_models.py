@@ -85,10 +85,13 @@ def test_every_model_is_covered() -> None:
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_model_sound_fast(name: str) -> None:
-    n_real = 2 if name in TOKEN else 4
+    # token models: their realizations take seconds each, so the block-by-block check is slow-only
+    n_real = 1 if name in TOKEN else 4
     stats = _whole(name, "fp8_bf16", n_inputs=3, n_real=n_real, seed=5)
     assert not stats.violations, "\n".join(stats.violations[:5])
-    stats = _blockwise(name, "fp8_fp32", n_real=1 if name in TOKEN else 2, seed=6)
+    if name in TOKEN:
+        return
+    stats = _blockwise(name, "fp8_fp32", n_real=2, seed=6)
     assert not stats.violations, "\n".join(stats.violations[:5])
 
 

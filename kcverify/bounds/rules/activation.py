@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from kcverify.bounds.box import Box, imul, mag, pad_hi, pad_lo
+from kcverify.bounds.box import Box, imul, mag, meet_hi, meet_lo, pad_hi, pad_lo
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
 
 X_STAR = {"none": -0.7517940, "tanh": -0.7524600}
@@ -115,8 +115,8 @@ def gelu_box(ctx: RuleCtx, x: Box, form: str) -> Box:
     h_lo, h_hi = x.hull()
     g_lo, g_hi = gelu_drange(h_lo, h_hi, form)
     dl, dh = imul(g_lo, g_hi, x.dl, x.dh)
-    dl = torch.maximum(pad_lo(dl), pad_lo(fi_range[0] - ft_range[1])) - errs[0] - errs[1]
-    dh = torch.minimum(pad_hi(dh), pad_hi(fi_range[1] - ft_range[0])) + errs[0] + errs[1]
+    dl = meet_lo(dl, fi_range[0] - ft_range[1]) - errs[0] - errs[1]
+    dh = meet_hi(dh, fi_range[1] - ft_range[0]) + errs[0] + errs[1]
     return Box.make(outs[0], outs[1], outs[2], outs[3], dl, dh)
 
 

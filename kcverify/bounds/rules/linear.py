@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kcverify.bounds.box import Box, Concrete, imatmul, pad_hi, pad_lo
+from kcverify.bounds.box import Box, Concrete, imatmul, meet_hi, meet_lo, nan_to, pad_hi, pad_lo
 from kcverify.bounds.casts import activation_cast, rne, weight_cast
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
 from kcverify.kernels.formats import gamma
@@ -102,9 +102,9 @@ def _cast_drift(X: Box, ct: tuple[torch.Tensor, torch.Tensor], ci: tuple[torch.T
     intersected with the difference of the two cast images."""
     lo = X.dl + ei[0] - et[1]
     hi = X.dh + ei[1] - et[0]
-    lo = torch.maximum(pad_lo(lo), pad_lo(ci[0] - ct[1]))
-    hi = torch.minimum(pad_hi(hi), pad_hi(ci[1] - ct[0]))
-    return torch.nan_to_num(lo, nan=-float("inf")), torch.nan_to_num(hi, nan=float("inf"))
+    lo = meet_lo(lo, ci[0] - ct[1])
+    hi = meet_hi(hi, ci[1] - ct[0])
+    return nan_to(lo, -float("inf")), nan_to(hi, float("inf"))
 
 
 @bound_rule("MatMul", domain=Interval)

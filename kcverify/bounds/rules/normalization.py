@@ -20,7 +20,18 @@ import math
 
 import torch
 
-from kcverify.bounds.box import U64, Box, fsum, imul, mag, mig, pad_hi, pad_lo
+from kcverify.bounds.box import (
+    U64,
+    Box,
+    fsum,
+    imul,
+    mag,
+    meet_hi,
+    meet_lo,
+    mig,
+    pad_hi,
+    pad_lo,
+)
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
 from kcverify.kernels.spec import KernelSpec
 
@@ -103,8 +114,8 @@ def layernorm_box(ctx: RuleCtx, x: Box, g: Box | None, b: Box | None, eps: float
         j_lo, j_hi = j_lo + b.dl, j_hi + b.dh
     vd_lo = exact[1][0] - exact[0][1]
     vd_hi = exact[1][1] - exact[0][0]
-    d_lo = torch.maximum(pad_lo(j_lo), pad_lo(vd_lo)) - errs[0] - errs[1]
-    d_hi = torch.minimum(pad_hi(j_hi), pad_hi(vd_hi)) + errs[0] + errs[1]
+    d_lo = meet_lo(j_lo, vd_lo) - errs[0] - errs[1]
+    d_hi = meet_hi(j_hi, vd_hi) + errs[0] + errs[1]
     return Box.make(*parts, d_lo, d_hi)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from kcverify.bounds.box import U64, Box, imul, pad_hi, pad_lo
+from kcverify.bounds.box import U64, Box, imul, meet_hi, meet_lo, nan_to, pad_hi, pad_lo
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
 from kcverify.kernels.spec import KernelSpec
 
@@ -40,8 +40,8 @@ def softmax_range(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, tor
     rest_a = ((ta - a) - ea - 2 * U64 * ta).clamp_min(0.0)  # <= sum_{k!=j} a_k
     p_lo = a / (a + rest_b)
     p_hi = b / (b + rest_a)
-    p_lo = torch.nan_to_num(pad_lo(p_lo, 8 * U64), nan=0.0).clamp_min(0.0)
-    p_hi = torch.nan_to_num(pad_hi(p_hi, 8 * U64), nan=1.0).clamp_max(1.0)
+    p_lo = nan_to(pad_lo(p_lo, 8 * U64), 0.0).clamp_min(0.0)
+    p_hi = nan_to(pad_hi(p_hi, 8 * U64), 1.0).clamp_max(1.0)
     d_min = torch.exp(lo.amax(-1, keepdim=True) - big)
     return p_lo, p_hi, d_min
 
@@ -100,8 +100,8 @@ def softmax_box(ctx: RuleCtx, x: Box) -> Box:
     g_hi = torch.where(masked, zero, g_hi)
     vd_lo = exact[1][0] - exact[0][1]
     vd_hi = exact[1][1] - exact[0][0]
-    d_lo = torch.maximum(pad_lo(g_lo), pad_lo(vd_lo)) - errs[0] - errs[1]
-    d_hi = torch.minimum(pad_hi(g_hi), pad_hi(vd_hi)) + errs[0] + errs[1]
+    d_lo = meet_lo(g_lo, vd_lo) - errs[0] - errs[1]
+    d_hi = meet_hi(g_hi, vd_hi) + errs[0] + errs[1]
     return Box.make(*parts, d_lo, d_hi)
 
 

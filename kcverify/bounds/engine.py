@@ -97,10 +97,22 @@ def _rule_domain(domain: str) -> str:
     return "interval"
 
 
-def check_rules(graph: Graph, domain: str, concrete_inputs: set[str]) -> None:
-    """Raise one BoundError listing every node that has no rule and cannot be evaluated exactly."""
+def expanded(graph: Graph, domain: str) -> Graph:
+    """The graph with rule-less ops replaced by their ONNX function bodies (decompose.py)."""
+    from kcverify.bounds.decompose import expand
+
     load_rules()
     rd = _rule_domain(domain)
+    return expand(graph, lambda n: (n.op_type, rd) in RULES or n.op_type in CONCRETE_OPS
+                  or n.op_type in _SHAPE_ONLY)
+
+
+def check_rules(graph: Graph, domain: str, concrete_inputs: set[str]) -> None:
+    """Raise one BoundError listing every node that has no rule (and no decomposition into ops
+    that have one) and cannot be evaluated exactly."""
+    load_rules()
+    rd = _rule_domain(domain)
+    graph = expanded(graph, domain)
     known = set(graph.constant_names()) | set(concrete_inputs)
     missing: dict[str, list[str]] = {}
     for n in graph.nodes:
@@ -291,6 +303,7 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
     dev = torch.device(device)
     concrete_inputs = {n for n, d in in_state.items() if _is_int(g, n)}
     check_rules(g, domain, concrete_inputs)
+    g = expanded(g, domain)
     st = {name: _from_diffbox(g, name, d, dev) for name, d in in_state.items()}
     out = run_graph(g, train_spec, inf_spec, st, domain, dev, region_tensors,
                     keep=set(getattr(block, "outputs", ())))

@@ -93,4 +93,8 @@ CASES: list[Case] = [
     Case("Gather", [X, ("idx", _i(0, 2, 2))], {"axis": 1}),
     Case("Concat", [X, ("z", (2, 3, 4))], {"axis": 2}),
     Case("Where", [("c", np.array([True, False] * 4)), X, ("z", (2, 3, 8))]),
+    Case("Max", [X, ("z", (2, 3, 8))]), Case("Min", [X, ("b", _w(8))]),
+    Case("CastLike", [X, ("z", (2, 3, 8))]),
+    Case("Softplus", [X], name="Softplus(decomposed)"),
+    Case("HardSigmoid", [X], {"alpha": 0.3}, scale=3.0, name="HardSigmoid(decomposed)"),
 ]

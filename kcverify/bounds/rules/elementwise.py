@@ -213,3 +213,25 @@ def pow_(ctx: RuleCtx, a, p) -> Box:
                                lambda lo, hi: (3 * mig(lo, hi) ** 2, 3 * mag(lo, hi) ** 2), "pow")
     raise BoundError(f"Pow node {ctx.node.name!r}: exponent {e} not supported "
                      f"(supported: 0.5, 1, 2, 3)")
+
+
+def _select(ctx: RuleCtx, xs: list, fn) -> Box:
+    boxes = [ctx.lift(x) for x in xs if x is not None]
+    out = boxes[0]
+    for b in boxes[1:]:
+        out = Box(fn(out.tl, b.tl), fn(out.th, b.th), fn(out.il, b.il), fn(out.ih, b.ih),
+                  torch.minimum(out.dl, b.dl), torch.maximum(out.dh, b.dh))
+    return Box.make(out.tl, out.th, out.il, out.ih, out.dl, out.dh)
+
+
+@bound_rule("Max", domain=Interval)
+def max_(ctx: RuleCtx, *xs) -> Box:
+    """Elementwise max: a selection (no rounding), monotone and 1-Lipschitz in L-inf, so its
+    drift lies within [min of the drift lows, max of the drift highs]."""
+    return _select(ctx, list(xs), torch.maximum)
+
+
+@bound_rule("Min", domain=Interval)
+def min_(ctx: RuleCtx, *xs) -> Box:
+    """Elementwise min (as Max)."""
+    return _select(ctx, list(xs), torch.minimum)

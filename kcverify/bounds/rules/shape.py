@@ -310,3 +310,13 @@ for _op, _fn in {"Sqrt": torch.sqrt, "Neg": torch.neg, "Exp": torch.exp, "Recipr
 
 # which concrete ops compute new float values (a realization may round their results)
 ROUNDING_CONCRETE = set(ARITH_CONCRETE) | {"Sqrt", "Exp", "Reciprocal", "Tanh", "Erf"}
+
+
+@bound_rule("CastLike", domain=Interval)
+def cast_like(ctx: RuleCtx, x, like) -> Box | Concrete:
+    """CastLike to a float tensor's type: a constant stays exact (lifted where it meets a rule),
+    a bounded float tensor is unchanged (as Cast)."""
+    if isinstance(x, Concrete):
+        return Concrete(x.value.to(torch.float64) if x.value.is_floating_point() or x.value.dtype != torch.bool
+                        else x.value, x.rounds)
+    return ctx.lift(x)

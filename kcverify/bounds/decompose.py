@@ -1,0 +1,97 @@
+"""The fallback for ops without a bound rule: bound them through their ONNX function body (the
+decomposition the ONNX schema defines, e.g. Softplus = Log(Exp(x) + 1), HardSwish, Selu, Mish),
+as onnx's reference evaluator runs an op it does not implement (STYLE.md).
+
+``expand(graph, has_rule)`` replaces every node that has no rule but whose schema (at the graph's
+opset) has a plain function body by the body's nodes: tensors renamed under the node's name,
+attribute references substituted by the node's attributes or the schema's defaults. Nested
+function ops are expanded in turn (depth-limited). The expanded graph computes the same function;
+its rules then bound each primitive, so the result is sound for programs that evaluate the
+decomposition (and, each primitive carrying its own error, for a fused kernel whose error is no
+larger than the decomposition's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import onnx
+from onnx import defs
+
+from kcverify.models.ir import Graph, Node, _attr_value
+
+MAX_DEPTH = 4
+
+
+def _body(op: str, domain: str, opset: int) -> onnx.FunctionProto | None:
+    try:
+        schema = defs.get_schema(op, opset, domain or "")
+    except Exception:  # noqa: BLE001 - onnx raises its own SchemaError
+        return None
+    if not schema.has_function:
+        return None
+    return schema.function_body
+
+
+def _defaults(op: str, domain: str, opset: int) -> dict[str, Any]:
+    schema = defs.get_schema(op, opset, domain or "")
+    out = {}
+    for name, a in schema.attributes.items():
+        if a.default_value is not None and a.default_value.type != 0:
+            out[name] = _attr_value(a.default_value)
+    return out
+
+
+def _instantiate(node: Node, fn: onnx.FunctionProto, opset: int) -> list[Node]:
+    attrs = {**_defaults(node.op_type, node.domain, opset), **node.attrs}
+    rename: dict[str, str] = {"": ""}
+    for formal, actual in zip(fn.input, node.inputs):
+        rename[formal] = actual
+    for formal in fn.input[len(node.inputs):]:
+        rename[formal] = ""
+    for formal, actual in zip(fn.output, node.outputs):
+        rename[formal] = actual
+    prefix = f"{node.name}/"
+    nodes = []
+    for k, n in enumerate(fn.node):
+        new_attrs: dict[str, Any] = {}
+        for a in n.attribute:
+            if a.ref_attr_name:
+                if a.ref_attr_name not in attrs:
+                    continue  # an optional attribute the node does not set
+                v = attrs[a.ref_attr_name]
+                new_attrs[a.name] = v
+            else:
+                new_attrs[a.name] = _attr_value(a)
+        ins = tuple(rename.setdefault(i, prefix + i) for i in n.input)
+        outs = tuple(rename.setdefault(o, prefix + o) for o in n.output)
+        nodes.append(Node(f"{prefix}{k}_{n.op_type}", n.op_type, ins, outs, new_attrs, n.domain or ""))
+    return nodes
+
+
+def expand(graph: Graph, has_rule: Callable[[Node], bool]) -> Graph:
+    """The graph with every rule-less node that has an ONNX function body expanded."""
+    nodes: list[Node] = []
+    changed = False
+    for n in graph.nodes:
+        nodes.extend(_expand_node(n, graph.opset, has_rule, 0))
+        changed = changed or nodes[-1] is not n
+    if not changed:
+        return graph
+    return replace(graph, nodes=nodes)
+
+
+def _expand_node(n: Node, opset: int, has_rule: Callable[[Node], bool], depth: int) -> list[Node]:
+    if has_rule(n) or depth >= MAX_DEPTH:
+        return [n]
+    fn = _body(n.op_type, n.domain, opset)
+    if fn is None:
+        return [n]
+    body = _instantiate(n, fn, opset)
+    out: list[Node] = []
+    for m in body:
+        out.extend(_expand_node(m, opset, has_rule, depth + 1))
+    return out
+

@@ -19,7 +19,6 @@ from typing import Any
 from kcverify.certs.statement import (
     DIGEST_FILE,
     DIGEST_ONNX_CANONICAL,
-    atomic_write,
     dumps,
     loads_certificate,
     read_certificate,
@@ -29,6 +28,7 @@ from kcverify.certs.statement import (
     write_certificate,
 )
 from kcverify.errors import CertificateError, InputFileError, ModelImportError
+from kcverify.fileio import atomic_write
 
 METADATA_KEY = "kcverify.certificate"
 SIDECAR_SUFFIX = ".kcert.json"

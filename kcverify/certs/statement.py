@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +29,7 @@ from kcverify.certs.encoding import fx, unfx
 from kcverify.certs.records import decode_block, encode_block, encode_state
 from kcverify.certs.rules import RuleContext, get_rule
 from kcverify.errors import CertificateError, InputFileError
+from kcverify.fileio import atomic_write
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kcverify.dev/certificate/v1"
@@ -99,32 +99,6 @@ def write_certificate(path: str | os.PathLike[str], statement: Mapping[str, Any]
     path = Path(path)
     atomic_write(path, text.encode("utf-8"))
     return path
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a reader sees the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:  # pragma: no cover - directories cannot be fsynced everywhere
-        pass
 
 
 def loads_certificate(text: str | bytes, where: str = "certificate") -> dict[str, Any]:

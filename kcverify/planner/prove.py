@@ -351,6 +351,7 @@ def prove(contract_path: str | os.PathLike[str], model_path: str | os.PathLike[s
                     meta={"contract_path": str(contract.path), "domain": options.domain,
                           "device": options.device, "realizations": options.realizations})
     escalate(report, contract.escalation)
+    _prune_blocks(b)
     statement = b.build()
     cert_path: Path | None = None
     if options.write_certificate:
@@ -363,6 +364,23 @@ def prove(contract_path: str | os.PathLike[str], model_path: str | os.PathLike[s
             cert_path = options.cert_path or model.with_name(model.name + ".kcert.json")
             write_certificate(cert_path, statement)
     return ProveResult(report, statement, cert_path)
+
+
+def _prune_blocks(b: Any) -> None:
+    """Drop block certificates no proof uses (slices bounded for a clause that was then decided
+    on evidence): the certificate carries only what its proofs rest on."""
+    used: set[str] = set()
+    stack = [c.get("proof") for c in b.clauses]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if node.get("rule") == "block":
+            used.add(node.get("params", {}).get("ref"))
+        stack.extend(node.get("premises", []))
+    for ref in [r for r in b.blocks if r not in used]:
+        del b.blocks[ref]
+        b.ctx.blocks.pop(ref, None)
 
 
 def stderr_progress(msg: str) -> None:

@@ -31,8 +31,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kcverify.certs.statement import HOLDING_VERDICTS, atomic_write, dumps, sha256_bytes
+from kcverify.certs.statement import HOLDING_VERDICTS, dumps, sha256_bytes
 from kcverify.errors import InputFileError, RegistryError
+from kcverify.fileio import atomic_write
 
 ENV = "KCVERIFY_REGISTRY"
 DB_NAME = "registry.sqlite3"

@@ -8,9 +8,9 @@ from html import escape
 from pathlib import Path
 
 from kcverify import __version__
+from kcverify.fileio import atomic_write_text
 from kcverify.report.model import BlockDrift, ClauseResult, Report, Verdict
 from kcverify.report.svg import drift_chart, exceedance_chart, fmt
-from kcverify.report.writer import atomic_write_text
 
 CSS = """
 :root { --ink: #1d2330; --muted: #5b6475; --line: #d9dee7; --bg: #f6f7fa; --card: #fff;

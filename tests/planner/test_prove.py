@@ -163,3 +163,25 @@ def test_bad_input_is_one_line(work: Path, capsys: pytest.CaptureFixture[str]) -
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mlp_points.npz" in err[0]
     assert not (work / "models" / "mlp_tiny.onnx.kcert.json").exists()  # nothing half-written
+
+
+def test_embedded_certificate_checks(work: Path) -> None:
+    model = work / "models" / "mlp_tiny.onnx"
+    contract = work / "examples" / "contracts" / "mlp-fp8.yaml"
+    assert main(["prove", str(contract), str(model), "--embed", "--quiet"]) == 0
+    assert not model.with_name(model.name + ".kcert.json").exists()
+    assert main(["check", str(model), str(model), str(contract)]) == 0
+    reg = work / "registry"
+    assert main(["registry", "--registry", str(reg), "admit", str(model), str(contract)]) == 0
+
+
+def test_unused_blocks_are_not_stored(work: Path) -> None:
+    """A clause bounded but decided on evidence leaves no block certificates behind."""
+    model = work / "models" / "mlp_tiny.onnx"
+    contract = contract_with(work, "  - {id: N-LOOSE, family: numerical, level: L1, action: log,\n"
+                                   "     assert: 'forall x in points: linf(logits_inf(x) - logits_train(x)) <= 0.05'}\n")
+    cert = work / "c.kcert.json"
+    main(["prove", str(contract), str(model), "--cert", str(cert), "--quiet"])
+    stmt = json.loads(cert.read_text())
+    assert stmt["predicate"]["clauses"][0]["verdict"] in ("passed", "refuted")
+    assert stmt["predicate"]["blocks"] == {}

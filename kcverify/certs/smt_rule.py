@@ -1,0 +1,117 @@
+"""The ``smt-block`` rule: an L-inf drift bound on a small block, decided by z3 and re-solved.
+
+Light to import (stdlib only): the checker pays for z3, torch and the bound engine only when a
+certificate uses the rule. Register it with ``import kcverify.certs.smt_rule`` (kcverify.smt
+imports it) or ``kcverify check --rules kcverify.certs.smt_rule``.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import Any
+
+from kcverify.certs.encoding import fx, unfx, unfx_list
+from kcverify.certs.rules import Rule, RuleContext, RuleError, register_rule
+
+MAX_NEURONS = 512  # the checker re-solves nothing larger
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def spec_from_canonical(name: str, canon: dict[str, Any]) -> Any:
+    """A KernelSpec from its canonical mapping (KernelSpec.canonical(); scale values as hex)."""
+    from kcverify.kernels.spec import parse_kernel_spec
+
+    raw = dict(canon)
+    for role in ("weights", "activations"):
+        if role in raw:
+            r = dict(raw[role])
+            if "value" in r:
+                r["value"] = unfx(r["value"], f"params.kernels.{name}.{role}.value")
+            raw[role] = r
+    return parse_kernel_spec(name, raw)
+
+
+@register_rule("smt-block")
+class SmtBlock(Rule):
+    """max_j |z_inf_j(x) - z_train_j(x)| <= b_i for every x with |x - x_i|_inf <= eps and every
+    conforming pair of programs, decided by z3 on the block's exact encoding (docs/smt.md): the
+    negation "some output drifts by more than b_i" has no model, each output's maximum drift
+    (z3 Optimize, exact rationals) being <= b_i.
+
+    Leaf (no premises). Params: ``graph`` (the block as base64 ONNX bytes) and its
+    ``graph_digest``, ``kernels`` {train, inf: canonical specs}, ``inputs`` (per sample, the
+    input point as hex floats), ``eps`` (hex), ``tensor`` (the block output), ``claim`` (per
+    sample b_i, hex), ``timeout_s``. ``conclude`` re-solves every sample; a bound that does not
+    re-solve (edited, or too tight) is outside the rule. When the checker knows the model's
+    segmentation, the block must be the whole model (its blocks' digests) or one of its blocks.
+    """
+
+    def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
+                 ctx: RuleContext) -> dict[str, Any]:
+        if premises:
+            raise RuleError("smt-block is a leaf: it takes no premises")
+        for key in ("graph", "graph_digest", "kernels", "inputs", "eps", "tensor", "claim"):
+            if key not in params:
+                raise RuleError(f"smt-block: params lack {key!r}")
+        claim = unfx_list(params["claim"], "smt-block params.claim")
+        inputs = params["inputs"]
+        if not isinstance(inputs, list) or len(inputs) != len(claim) or not claim:
+            raise RuleError("smt-block: params.inputs needs one input point per claimed bound")
+        eps = unfx(params["eps"], "smt-block params.eps")
+        if not (eps >= 0 and math.isfinite(eps)):
+            raise RuleError("smt-block: eps must be a finite number >= 0")
+        graph = _graph(params, ctx)
+        from kcverify.smt.decide import decide_problem
+        from kcverify.smt.encode import NotEncodable, prepare
+
+        kernels = params["kernels"]
+        if not isinstance(kernels, dict) or set(kernels) != {"train", "inf"}:
+            raise RuleError("smt-block: params.kernels needs 'train' and 'inf'")
+        try:
+            train = spec_from_canonical("train", kernels["train"])
+            inf = spec_from_canonical("inf", kernels["inf"])
+        except Exception as e:  # noqa: BLE001 - any malformed spec is a bad application
+            raise RuleError(f"smt-block: params.kernels: {e}") from None
+        tensor = str(params["tensor"])
+        if [v.name for v in graph.outputs] != [tensor]:
+            raise RuleError(f"smt-block: the block's outputs are {[v.name for v in graph.outputs]}, "
+                            f"not [{tensor!r}]")
+        timeout = float(params.get("timeout_s", DEFAULT_TIMEOUT_S))
+        for i, (point, b) in enumerate(zip(inputs, claim)):
+            x = unfx_list(point, f"smt-block params.inputs[{i}]")
+            try:
+                p = prepare(graph, train, inf, [x], eps)
+            except NotEncodable as e:
+                raise RuleError(f"smt-block: {e}") from None
+            if p.neurons() > MAX_NEURONS:
+                raise RuleError(f"smt-block: {p.neurons()} neurons; the checker re-solves at most "
+                                f"{MAX_NEURONS}")
+            v = decide_problem(p, b, timeout_s=timeout, programs=0)
+            if v.verdict != "proved":
+                raise RuleError(f"smt-block: sample {i}: the bound {b!r} does not re-solve "
+                                f"({v.verdict}{': ' + v.note if v.note else ''})")
+        return {"quantity": "linf_drift", "direction": "upper", "tensor": tensor,
+                "bounds": [fx(b) for b in claim]}
+
+
+def _graph(params: dict[str, Any], ctx: RuleContext) -> Any:
+    import onnx
+
+    from kcverify.models.ir import from_onnx
+
+    try:
+        model = onnx.load_from_string(base64.b64decode(str(params["graph"]).encode(), validate=True))
+        graph = from_onnx(model, name="smt-block")
+    except Exception as e:  # noqa: BLE001 - decode / protobuf errors have many types
+        raise RuleError(f"smt-block: params.graph is not a base64 ONNX model ({type(e).__name__})") from None
+    if graph.digest() != params["graph_digest"]:
+        raise RuleError("smt-block: params.graph does not match params.graph_digest")
+    if ctx.expected_chain is not None:
+        chain = [d for _, d in ctx.expected_chain]
+        from kcverify.bounds.engine import blocks_of
+
+        own = [b.digest for b in blocks_of(graph)]
+        if own != chain and graph.digest() not in chain:
+            raise RuleError("smt-block: the block is neither the certified model nor one of its blocks")
+    return graph

@@ -91,9 +91,6 @@ class DriftResult:
 def _rule_domain(domain: str) -> str:
     if domain not in DOMAIN_NAMES:
         raise BoundError(f"unknown bound domain {domain!r}; expected one of {', '.join(DOMAIN_NAMES)}")
-    if domain == "linear":
-        raise BoundError("the linear-relaxation domain is not implemented yet; "
-                         "use --domain interval or best")
     return "interval"
 
 
@@ -138,7 +135,8 @@ def _is_int(graph: Graph, name: str) -> bool:
 def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str, Any],
               domain: str = "interval", device: torch.device | str = "cpu",
               region_tensors: Mapping[str, Callable[[Any], Box]] | None = None,
-              keep: set[str] | None = None) -> dict[str, Any]:
+              keep: set[str] | None = None, lin: dict[str, Any] | None = None,
+              lin_m: int = 0) -> dict[str, Any]:
     """Bound every node of ``graph`` from ``state`` (name -> Box | Concrete); returns the states
     of the graph outputs (and of ``keep``). ``region_tensors``: tensors replaced, once computed,
     by a region box around them (embedding-space regions)."""
@@ -162,6 +160,8 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
             if i and v is None:
                 raise BoundError(f"node {n.name!r} ({n.op_type}) reads {i!r}, which has no state")
         results = _dispatch(graph, n, ins, rd, train, inf, consts, dev, separate)
+        if lin is not None and any(isinstance(r, Box) for r in results):
+            results = _linear_step(graph, n, ins, results, train, inf, consts, dev, lin, lin_m)
         for o, r in zip(n.outputs, results):
             if o:
                 if region_tensors and o in region_tensors:
@@ -212,6 +212,35 @@ def _dispatch(graph: Graph, n, ins: list, rd: str, train: KernelSpec, inf: Kerne
                 o = Box.make(o.tl, o.th, o.il, o.ih)
         res.append(o)
     return tuple(res)
+
+
+def _linear_step(graph: Graph, n, ins: list, results: tuple, train: KernelSpec, inf: KernelSpec,
+                 consts: set[str], dev: torch.device, lin: dict[str, Any], m: int) -> tuple:
+    """The linear domain's forms for the node's outputs, and the reduced product (linear.py)."""
+    from kcverify.bounds.linear import LINEAR_RULES, tighten
+
+    rule = LINEAR_RULES.get(n.op_type)
+    if rule is None or len(results) != 1 or not isinstance(results[0], Box):
+        return results
+    ctx = RuleCtx(n, train, inf, consts, graph.opset, dev)
+    states = []
+    for name, x in zip(n.inputs, ins):
+        if x is None:
+            states.append((None, None, None))
+        elif isinstance(x, Box):
+            states.append((x, x, lin.get(name)))
+        elif x.value.is_floating_point():
+            states.append((x, ctx.lift(x), None))
+        else:
+            states.append((x, None, None))
+    try:
+        st = rule(ctx, states, results[0], m)
+    except (RuntimeError, ValueError, IndexError):
+        st = None
+    if st is None:
+        return results
+    lin[n.outputs[0]] = st
+    return (tighten(results[0], st),)
 
 
 # --- input sets ---------------------------------------------------------------------------
@@ -294,8 +323,8 @@ def _from_diffbox(graph: Graph, name: str, d: DiffBox, dev: torch.device) -> Any
 # --- public API ---------------------------------------------------------------------------
 def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
                 in_state: Mapping[str, DiffBox], domain: str = "best", device: str = "cpu",
-                region_tensors: Mapping[str, Callable[[Any], Box]] | None = None
-                ) -> dict[str, DiffBox]:
+                region_tensors: Mapping[str, Callable[[Any], Box]] | None = None,
+                linear_inputs: Mapping[str, Any] | None = None) -> dict[str, DiffBox]:
     """Bound one block (kcverify.models.blocks.Block, or anything with .graph and .outputs)
     from the DiffBoxes of its inputs; returns the DiffBoxes of its outputs. Deterministic: the
     checker re-runs it and checks recomputed within stored."""
@@ -305,12 +334,48 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
     check_rules(g, domain, concrete_inputs)
     g = expanded(g, domain)
     st = {name: _from_diffbox(g, name, d, dev) for name, d in in_state.items()}
+    lin = None
+    m = 0
+    if linear_inputs is None and domain in ("linear", "best"):
+        linear_inputs = _linear_inputs(st)
+    if linear_inputs:
+        lin = dict(linear_inputs)
+        m = int(next(iter(linear_inputs.values())).t.A.shape[-1])
     out = run_graph(g, train_spec, inf_spec, st, domain, dev, region_tensors,
-                    keep=set(getattr(block, "outputs", ())))
+                    keep=set(getattr(block, "outputs", ())), lin=lin, lin_m=m)
     if not out:
         return {}
     ctx = RuleCtx(g.nodes[0], train_spec, inf_spec, set(), g.opset, dev)
     return {k: _to_diffbox(v, ctx) for k, v in out.items()}
+
+
+MAX_LINEAR_VARS = 2048
+
+
+def _linear_inputs(st: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Symbolic variables for the one non-point float input of a block: z in [-1, 1]^m spans its
+    training box, x_t = mid_t + hw_t z exactly, x_i = x_t + [dl, dh] (derived from the in_state
+    alone, so the checker's re-run derives the same forms)."""
+    from kcverify.bounds.linear import Form, LinState
+
+    wide = [(k, b) for k, b in st.items() if isinstance(b, Box) and b.tl.dim() >= 2
+            and bool((b.th > b.tl).any())]
+    if len(wide) != 1:
+        return None
+    name, b = wide[0]
+    batch = b.tl.shape[0]
+    m = b.tl[0].numel()
+    if m > MAX_LINEAR_VARS or not all(bool(torch.isfinite(p).all()) for p in b.parts()):
+        return None
+    mid = 0.5 * b.tl + 0.5 * b.th
+    hw = pad_hi(torch.maximum(b.th - mid, mid - b.tl))
+    eye = torch.eye(m, dtype=F64, device=b.tl.device)
+    A = (hw.reshape(batch, m, 1) * eye).reshape(*b.tl.shape, m)
+    zero = torch.zeros_like(b.tl)
+    t = Form(A, mid, zero, zero.clone())
+    i = Form(A.clone(), mid.clone(), pad_lo(b.dl), pad_hi(b.dh))
+    d = Form(torch.zeros_like(A), zero.clone(), pad_lo(b.dl), pad_hi(b.dh))
+    return {name: LinState(t, i, d)}
 
 
 @dataclass
@@ -321,6 +386,12 @@ class _WholeGraph:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     digest: str
+
+
+def whole_graph(graph: Graph) -> list[Any]:
+    """The whole graph as one block (the linear domain's forms then span every layer)."""
+    return [_WholeGraph("model", "other", graph, tuple(v.name for v in graph.inputs),
+                        tuple(v.name for v in graph.outputs), graph.digest())]
 
 
 def blocks_of(graph: Graph) -> list[Any]:
@@ -379,7 +450,12 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
             lo, hi = _region_bounds(c, region)
             return input_box(train_spec, inf_spec, lo, hi)
         region_tensors = {e: to_region for e in emb}
-    blks = blocks if blocks is not None else blocks_of(graph)
+    if blocks is not None:
+        blks = blocks
+    elif domain == "linear":
+        blks = whole_graph(graph)  # forms across layers; one record for the whole model
+    else:
+        blks = blocks_of(graph)
     records: list[BlockRecord] = []
     needed_later: list[set[str]] = []
     acc: set[str] = {v.name for v in graph.outputs}
@@ -387,7 +463,7 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
         needed_later.append(set(acc))
         acc |= set(b.inputs)
     needed_later.reverse()
-    method = "interval" if domain != "separate" else "separate"
+    method = {"separate": "separate", "linear": "linear", "best": "best"}.get(domain, "interval")
     for k, b in enumerate(blks):
         if progress is not None:
             progress(k, len(blks), b.name)

@@ -46,10 +46,9 @@ def _check(net: str, prop: str, n: int, seed: int) -> int:
     lo, hi = box_
     shape = (1, 1, 1, 5)
     mid = ((lo + hi) / 2).reshape(shape).astype(np.float32)
-    res = certify_drift(g, FP32, BF16, {"input": mid},
-                        input_bounds={"input": (lo.reshape(shape), hi.reshape(shape))},
-                        domain="interval")
-    box = res.outputs[g.outputs[0].name]
+    boxes = [certify_drift(g, FP32, BF16, {"input": mid},
+                           input_bounds={"input": (lo.reshape(shape), hi.reshape(shape))},
+                           domain=d).outputs[g.outputs[0].name] for d in ("interval", "linear")]
     sess = ort.InferenceSession(str(ACAS / net), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(seed)
     pts = rng.uniform(lo, hi, size=(n, 5)).astype(np.float32)
@@ -58,7 +57,8 @@ def _check(net: str, prop: str, n: int, seed: int) -> int:
     pts = pts[inside.all(1)]
     for p in pts:
         y = sess.run(None, {"input": p.reshape(shape)})[0].astype(np.float64)
-        assert np.all(box.train_lo <= y) and np.all(y <= box.train_hi), (net, prop, p)
+        for box in boxes:
+            assert np.all(box.train_lo <= y) and np.all(y <= box.train_hi), (net, prop, p)
     return len(pts)
 
 

@@ -32,7 +32,8 @@ def test_every_registered_rule_has_a_case() -> None:
     assert ops - covered == set(), f"rules without a soundness case: {sorted(ops - covered)}"
 
 
-def _check_case(case, spec_name: str, n_inputs: int, n_real: int, seed: int) -> Stats:
+def _check_case(case, spec_name: str, n_inputs: int, n_real: int, seed: int,
+                domain: str = "best") -> Stats:
     stats = Stats()
     g = case.graph()
     spec = SPECS[spec_name]
@@ -41,7 +42,7 @@ def _check_case(case, spec_name: str, n_inputs: int, n_real: int, seed: int) -> 
     reals_t = realizations(TRAIN, n_real, seed)
     reals_i = realizations(spec, n_real, seed + 100)
     for region in (None, Region("input", "linf", 0.05 * case.scale), Region("input", "l2", 0.05 * case.scale)):
-        res = certify_drift(g, TRAIN, spec, feeds, region=region)
+        res = certify_drift(g, TRAIN, spec, feeds, region=region, domain=domain)
         if region is None:
             points = [feeds]
         else:
@@ -60,6 +61,25 @@ def _check_case(case, spec_name: str, n_inputs: int, n_real: int, seed: int) -> 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_rule_sound_fast(case, spec_name: str) -> None:
     stats = _check_case(case, spec_name, n_inputs=2, n_real=4, seed=11)
+    assert not stats.violations, "\n".join(stats.violations[:5])
+
+
+LINEAR_CASES = [c for c in CASES if c.op in ("Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu",
+                                             "Reshape", "Flatten", "Identity", "Cast", "Dropout")]
+
+
+@pytest.mark.parametrize("spec_name", FAST_SPECS)
+@pytest.mark.parametrize("case", LINEAR_CASES, ids=lambda c: c.id)
+def test_linear_rule_sound_fast(case, spec_name: str) -> None:
+    stats = _check_case(case, spec_name, n_inputs=2, n_real=3, seed=31, domain="linear")
+    assert not stats.violations, "\n".join(stats.violations[:5])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec_name", sorted(SPECS))
+@pytest.mark.parametrize("case", LINEAR_CASES, ids=lambda c: c.id)
+def test_linear_rule_sound_slow(case, spec_name: str) -> None:
+    stats = _check_case(case, spec_name, n_inputs=5, n_real=6, seed=37, domain="linear")
     assert not stats.violations, "\n".join(stats.violations[:5])
 
 

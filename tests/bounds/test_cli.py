@@ -46,6 +46,17 @@ def test_bound_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
                str(tmp_path / "x.npy")])
     err = capsys.readouterr().err
     assert rc == 2 and "error: " in err and err.count("\n") == 1
-    rc = main(["bound", str(ROOT / "models" / "mlp_tiny.onnx"), str(CONTRACT), "--inputs",
-               str(tmp_path / "x.npy"), "--domain", "linear"])
-    assert rc == 2 and "not implemented" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bound", str(ROOT / "models" / "mlp_tiny.onnx"), str(CONTRACT), "--inputs",
+              str(tmp_path / "x.npy"), "--domain", "cubic"])
+
+
+def test_bound_linear_no_looser_than_interval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.save(tmp_path / "x.npy", np.random.default_rng(3).normal(size=(2, 8)).astype(np.float32))
+    got = {}
+    for d in ("interval", "linear"):
+        assert main(["bound", str(ROOT / "models" / "mlp_small.onnx"), str(CONTRACT), "--inputs",
+                     str(tmp_path / "x.npy"), "--domain", d, "--eps", "0.05", "--json"]) == 0
+        got[d] = [b["linf"] for b in json.loads(capsys.readouterr().out)["bounds"]]
+    assert all(a <= b for a, b in zip(got["linear"], got["interval"]))
+    assert any(a < 0.99 * b for a, b in zip(got["linear"], got["interval"]))

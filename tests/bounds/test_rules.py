@@ -148,7 +148,7 @@ def test_bound_block_recomputes_the_record() -> None:
     res = certify_drift(g, FP32, BF16, x, region=Region("input", "linf", 0.01))
     assert len(res.blocks) == len(blocks_of(g))
     for rec, blk in zip(res.blocks, blocks_of(g)):
-        again = bound_block(blk, FP32, BF16, rec.in_state, "interval")
+        again = bound_block(blk, FP32, BF16, rec.in_state, rec.method)
         assert all(rec.out_state[k].contains(again[k]) for k in again)
     assert res.linf.shape == (3,) and np.all(np.isfinite(res.linf)) and np.all(res.linf > 0)
 

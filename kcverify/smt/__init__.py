@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kcverify.smt.decide import MaxDrift, SmtVerdict, decide_drift, max_drift, realized_drift
 from kcverify.smt.encode import NotEncodable, encode, prepare
+from kcverify.smt.planner import SmtBlockDecision, smt_block_params, smt_decide_block
 
-__all__ = ["MaxDrift", "NotEncodable", "SmtVerdict", "decide_drift", "encode", "max_drift",
-           "prepare", "realized_drift"]
+__all__ = ["MaxDrift", "NotEncodable", "SmtBlockDecision", "SmtVerdict", "decide_drift", "encode",
+           "max_drift", "prepare", "realized_drift", "smt_block_params", "smt_decide_block"]

@@ -26,7 +26,7 @@ import z3
 
 from kcverify.kernels.spec import KernelSpec
 from kcverify.models.ir import Graph
-from kcverify.smt.encode import Encoding, Problem, encode, prepare, rv
+from kcverify.smt.encode import Encoding, Problem, encode, prepare
 from kcverify.smt.exact import fr
 from kcverify.smt.replay import Replay, replay
 

@@ -20,12 +20,14 @@ encoding states, as linear constraints over real variables (DESIGN 1.1 and kcver
 * rounding to the compute format: |e| <= ((1+u)^2 - 1)|v| + (2+u)eta after a matmul (rescale and
   round), |e| <= max(1, ulps)*u|v| + eta after add / mul;
 * Relu: identity / zero where the bound engine's interval of that kernel fixes its sign (stable),
-  else If(v >= 0, v, 0) (the exact disjunction).
+  else r with (v >= 0 and r = v) or (v <= 0 and r = 0), the exact disjunction, plus its triangle
+  relaxation (implied; it guides the optimiser).
 
 |v| is linear (v or -v) where the interval bounds fix v's sign and the interval's magnitude
 otherwise. Every interval comes from the bound engine (kcverify.bounds.engine.run_graph), sound by
 its own argument; ``assume_intervals`` also adds the engine's value intervals of intermediate
-tensors as constraints (sound facts: they only cut assignments no conforming program reaches).
+tensors and outputs as constraints (sound facts: they only cut assignments no conforming program
+reaches; the engine's *drift* intervals are never assumed, so the encoding's drift is its own).
 Soundness: every conforming pair of programs, run on an input of the set, gives an assignment of
 the variables that satisfies every constraint, so a property of all assignments holds for all
 conforming programs.
@@ -48,7 +50,7 @@ from kcverify.kernels.formats import Format, get_format
 from kcverify.kernels.scale import quantize_weight
 from kcverify.kernels.spec import KernelSpec
 from kcverify.models.ir import Graph, Node
-from kcverify.smt.exact import fr, floor_log2, grid_step, round_rational, scale_from_amax
+from kcverify.smt.exact import floor_log2, fr, grid_step, round_rational, scale_from_amax
 
 KERNELS = ("train", "inf")
 PASS_THROUGH = frozenset({"Identity", "Flatten", "Dropout"})
@@ -256,7 +258,7 @@ def prepare(graph: Graph, train: KernelSpec, inf: KernelSpec, x0: Any, eps: floa
             steps.append(st)
         elif n.op_type == "Relu":
             for k in range(2):  # relu >= 0, and exactly 0 where stable inactive
-                (lo_i, hi_i), (lo, hi) = iv[ins[0]][k], iv[out][k]
+                (_, hi_i), (lo, hi) = iv[ins[0]][k], iv[out][k]
                 iv[out] = tuple((np.maximum(lo, 0.0), np.where(hi_i <= 0, 0.0, np.maximum(hi, 0.0)))
                                 if kk == k else iv[out][kk] for kk in range(2))
             steps.append(Step(n, "relu", [ins[0]], out))
@@ -488,10 +490,21 @@ def _linear(e: _Enc, k: int, st: Step, a: list[Any]) -> list[Any]:
             y = e.rounded(f"{tag}:round:{j}", acc, absacc, rel2, abs2)
             out.append(y)
             continue
-        y = e.rounded(f"{tag}:round:{j}", acc, rv(m_acc), rel2, abs2)
+        # the pre-rounding values from the output interval: |v| <= (|out| + abs1) / (1 - rel1)
+        # for v = y + c; y = v' - c with |v' - v| <= eb; |acc| <= (|y| + abs2) / (1 - rel2)
+        m_out = mag_of(lo_o[j], hi_o[j])
+        m_v = min(m_acc * (1 + rel2) + abs2 + abs(st.bias[j]), (m_out + abs1) / (1 - rel1))
+        eb = rel1 * m_v + abs1
+        y_lo, y_hi = fr(lo_o[j]) - eb - st.bias[j], fr(hi_o[j]) + eb - st.bias[j]
+        if y_lo > 0:
+            absacc = acc
+        elif y_hi < 0:
+            absacc = -acc
+        else:
+            absacc = rv(up(min(m_acc, (max(abs(y_lo), abs(y_hi)) + abs2) / (1 - rel2))))
+        y = e.rounded(f"{tag}:round:{j}", acc, absacc, rel2, abs2)
         v = y + rv(st.bias[j])
-        m_v = up(m_acc * (1 + rel2) + abs2 + abs(st.bias[j]))
-        absv = v if lo_o[j] > 0 else (-v if hi_o[j] < 0 else rv(m_v))
+        absv = v if lo_o[j] > 0 else (-v if hi_o[j] < 0 else rv(up(m_v)))
         out.append(e.rounded(f"{tag}:bias:{j}", v, absv, rel1, abs1))
     return out
 
@@ -558,14 +571,18 @@ def encode(p: Problem, assume_intervals: bool = True) -> Encoding:
                         v.append(rv(0))
                     else:
                         e.unstable += 1
-                        v.append(z3.If(a >= 0, a, rv(0)))
+                        r = z3.Real(f"{KERNELS[k]}:{st.node.name}:relu:{j}")
+                        H, L = up(fr(hi[j])), down(fr(lo[j]))  # the chord over [L, H] ⊇ [lo, hi]
+                        e.cons += [r >= 0, r >= a, r <= rv(H / (H - L)) * (a - rv(L)),
+                                   z3.Or(z3.And(a >= 0, r == a), z3.And(a <= 0, r == 0))]
+                        v.append(r)
             elif st.op == "pass":
                 v = list(args[0])
             else:
                 v = _elementwise(e, k, st, args)
             vals.append(v)
         values[st.output] = vals
-        if assume_intervals and st.output not in p.outputs:
+        if assume_intervals:
             for k in range(2):
                 lo, hi = p.iv[st.output][k]
                 for j, vj in enumerate(vals[k]):

@@ -1,0 +1,133 @@
+"""SMT on small blocks: exact maxima sandwiched between realizations and the bound engine,
+a shipped-model clause the interval domain cannot prove, replayed counterexamples, the rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kcverify.bounds import Region, certify_drift
+from kcverify.certs.rules import RuleContext, get_rule
+from kcverify.kernels.cast import round_to_format
+from kcverify.kernels.formats import get_format
+from kcverify.models.ir import load_onnx
+from kcverify.smt import NotEncodable, decide_drift, max_drift, realized_drift, smt_decide_block
+from kcverify.smt.exact import fr, round_rational
+from kcverify.smt.testing import fp8_specs, random_mlp
+
+TRAIN, INF = fp8_specs()
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "bf16", "fp16", "fp32", "int8"])
+def test_round_rational_is_the_realizations_cast(fmt: str) -> None:
+    f = get_format(fmt)
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.standard_normal(300) * 10.0 ** rng.integers(-8, 3, 300),
+                        [0.0, 0.5, 1.5, 2.5, -2.5, f.min_normal * 1.5, 1000.0]])
+    want = round_to_format(torch.as_tensor(x), f).numpy()
+    got = [float(round_rational(fr(v), f)) for v in x]
+    assert np.array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exact_max_between_realizations_and_certified_bound(seed: int) -> None:
+    """On random 3-8-8-2 ReLU nets (fp8_e4m3 inference, fp32 training), point inputs:
+    best realized drift <= z3's exact maximum <= the bound engine's certified bound."""
+    g = random_mlp(seed=seed)
+    x = np.random.default_rng(seed).uniform(-1, 1, (1, 3)).astype(np.float32)
+    engine = float(certify_drift(g, TRAIN, INF, x).linf[0])
+    m = max_drift(g, TRAIN, INF, x, timeout_s=20)
+    assert m.exact
+    realized = realized_drift(g, TRAIN, INF, x[0], programs=6, seed=seed)
+    assert realized <= m.value <= fr(engine), (realized, float(m.value), engine)
+
+
+def test_region_max_between_sampled_realizations_and_certified_bound() -> None:
+    g = random_mlp((3, 6, 2), seed=7)
+    x = np.random.default_rng(7).uniform(-1, 1, (1, 3)).astype(np.float32)
+    eps = 0.01
+    engine = float(certify_drift(g, TRAIN, INF, x, region=Region(eps=eps)).linf[0])
+    m = max_drift(g, TRAIN, INF, x, eps=eps, timeout_s=20)
+    assert m.exact and m.value <= fr(engine)
+    rng = np.random.default_rng(0)
+    pts = [x[0] + eps * s for s in (rng.choice([-1.0, 1.0], 3) for _ in range(4))]
+    seen = max(realized_drift(g, TRAIN, INF, p.astype(np.float32), programs=2) for p in pts)
+    assert seen <= m.value
+    # the exact maximum sits strictly inside: SMT is sharper than the interval domain here
+    assert m.value < fr(engine)
+
+
+def test_shipped_model_clause_proved_by_smt_not_by_intervals() -> None:
+    """models/mlp_tiny.onnx, an L-inf ball of radius 0.01: tau between z3's maximum and the
+    interval bound is proved by SMT, its node re-solves, and an edited bound is rejected."""
+    g = load_onnx("models/mlp_tiny.onnx")
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 4)).astype(np.float32)
+    eps = 0.01
+    engine = float(certify_drift(g, TRAIN, INF, x, region=Region(eps=eps)).linf[0])
+    m = max_drift(g, TRAIN, INF, x, eps=eps, timeout_s=30)
+    assert m.exact and float(m.value) < 0.8 * engine
+    tau = (float(m.value) + engine) / 2
+    assert engine > tau  # the interval domain cannot prove it
+    d = smt_decide_block(g, TRAIN, INF, x, tau, eps=eps, timeout_s=30)
+    assert d.verdict == "proved" and d.node is not None
+    rule = get_rule("smt-block")
+    ctx = RuleContext()
+    assert rule.check(d.node, ctx) == []
+    edited = dict(d.node, params=dict(d.node["params"]))
+    low = float(m.value) * 0.9
+    edited["params"]["claim"] = [low.hex()]
+    edited["conclusion"] = dict(d.node["conclusion"], bounds=[low.hex()])
+    problems = rule.check(edited, ctx)
+    assert problems and "does not re-solve" in problems[0]
+    tighter = dict(d.node, conclusion=dict(d.node["conclusion"], bounds=[low.hex()]))
+    assert any("tighter than justified" in p for p in rule.check(tighter, ctx))
+
+
+def test_refuted_clause_carries_a_replayed_counterexample() -> None:
+    g = random_mlp(seed=2)
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 3)).astype(np.float32)
+    realized = realized_drift(g, TRAIN, INF, x[0], programs=4)
+    tau = 0.9 * realized
+    v = decide_drift(g, TRAIN, INF, x, tau, timeout_s=20)
+    assert v.verdict == "refuted"
+    w = v.witness
+    assert w["replayed_drift"] > tau and w["realized_drift"] > tau
+    assert [float.fromhex(h) for h in w["x"]] == [float(t) for t in x[0]]
+
+
+def test_proved_and_refuted_agree_with_the_maximum() -> None:
+    g = random_mlp(seed=1)
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 3)).astype(np.float32)
+    m = max_drift(g, TRAIN, INF, x, timeout_s=20)
+    assert decide_drift(g, TRAIN, INF, x, float(m.value) * 1.001, programs=0).verdict == "proved"
+    assert decide_drift(g, TRAIN, INF, x, float(m.value) * 0.5, programs=0).verdict in ("refuted", "unknown")
+
+
+def test_static_scale_and_unstable_relus() -> None:
+    """A box wide enough for unstable ReLUs (exact If encoding), static activation scale."""
+    train, inf = fp8_specs("static")
+    g = random_mlp((3, 4, 2), seed=3)
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 3)).astype(np.float32)
+    eps = 0.1
+    m = max_drift(g, train, inf, x, eps=eps, timeout_s=20)
+    assert m.stats["unstable_relus"] > 0 and m.exact
+    engine = float(certify_drift(g, train, inf, x, region=Region(eps=eps)).linf[0])
+    assert m.value <= fr(engine)
+    corner = (x[0] + eps * np.sign(np.random.default_rng(5).standard_normal(3))).astype(np.float32)
+    assert realized_drift(g, train, inf, corner, programs=2) <= m.value
+
+
+def test_outside_the_encoding_is_a_clear_error() -> None:
+    from onnx import TensorProto, helper
+
+    from kcverify.models.ir import from_onnx
+
+    node = helper.make_node("Softmax", ["x"], ["y"], name="sm", axis=-1)
+    gp = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3])])
+    g = from_onnx(helper.make_model(gp, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(NotEncodable, match="ops outside the SMT encoding: Softmax"):
+        max_drift(g, TRAIN, INF, np.zeros((1, 3), np.float32))
+    d = smt_decide_block(g, TRAIN, INF, np.zeros((1, 3), np.float32), 0.1)
+    assert d.verdict == "skipped" and "Softmax" in d.note

@@ -12,9 +12,10 @@ with neither is collected into one BoundError. Blocks come from kcverify.models.
 each block is bounded from the DiffBoxes of its inputs alone (``bound_block``), which is exactly
 what the certificate checker re-runs, and memory stays flat in depth.
 
-Domains: "interval" (differential intervals), "best" (the intersection of every implemented
-domain, per tensor: today the interval domain), "separate" (the baseline: each kernel bounded on
-its own, drift = difference of the value sets).
+Domains: "interval" (differential intervals), "linear" (differential symbolic intervals over the
+region's input variables, linear.py, reduced with the intervals; the whole graph as one block),
+"best" (the segmenter's blocks, intervals plus the linear forms over each block's input box),
+"separate" (the baseline: each kernel bounded on its own, drift = difference of the value sets).
 """
 
 from __future__ import annotations
@@ -184,7 +185,11 @@ def _dispatch(graph: Graph, n, ins: list, rd: str, train: KernelSpec, inf: Kerne
     if all(isinstance(x, Concrete) for x in present) and n.op_type in CONCRETE_OPS:
         from kcverify.bounds.rules.shape import ROUNDING_CONCRETE
 
-        vals = CONCRETE_OPS[n.op_type](n, graph.opset, *[x.value if x is not None else None for x in ins])
+        try:
+            vals = CONCRETE_OPS[n.op_type](n, graph.opset,
+                                           *[x.value if x is not None else None for x in ins])
+        except (RuntimeError, ValueError, IndexError, TypeError) as e:
+            raise BoundError(f"{where}: exact evaluation failed: {e}") from None
         rounds = max((x.rounds for x in present), default=0)
         if n.op_type in ROUNDING_CONCRETE:
             rounds += 1

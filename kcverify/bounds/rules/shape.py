@@ -87,7 +87,7 @@ def _gather(node, opset, x, idx):
     i = idx.to(torch.int64)
     i = torch.where(i < 0, i + x.shape[axis], i)
     out = torch.index_select(x, axis, i.reshape(-1).to(x.device))
-    return out.reshape(*x.shape[:axis], *i.shape, *x.shape[axis + 1:])
+    return out.reshape((*x.shape[:axis], *i.shape, *x.shape[axis + 1:]))
 
 
 def _slice(node, opset, x, starts=None, ends=None, axes=None, steps=None):

@@ -304,6 +304,15 @@ def _as_feeds(graph: Graph, feeds: Any) -> dict[str, np.ndarray]:
     for v in graph.inputs:
         if v.name not in d:
             raise InputFileError(f"no input given for the model input {v.name!r}")
+        if v.shape is not None:
+            got = d[v.name].shape
+            want = v.shape
+            ok = len(got) == len(want) and all(
+                not isinstance(w, int) or k == 0 or w == g for k, (w, g) in enumerate(zip(want, got)))
+            if not ok:
+                shown = "x".join(str(w) if isinstance(w, int) else str(w or "?") for w in want)
+                raise InputFileError(f"input {v.name!r}: got shape {'x'.join(map(str, got))}, "
+                                     f"the model expects {shown} (axis 0 is the batch)")
     return d
 
 

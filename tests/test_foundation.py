@@ -43,3 +43,13 @@ def test_cli_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert e.value.code == 0
     assert "kcverify" in capsys.readouterr().out
+
+
+def test_static_scale_is_the_float32_every_kernel_stores() -> None:
+    """One scale for realizations, QDQ graphs and the bound engine: fl32 of what is written."""
+    spec = parse_kernel_spec("k", {"activations": {"format": "fp8_e4m3", "scale": "static",
+                                                   "value": 0.1}})
+    assert spec.activations.value == float(np.float32(0.1)) != 0.1
+    with pytest.raises(KernelSpecError, match="positive float32"):
+        parse_kernel_spec("k", {"activations": {"format": "fp8_e4m3", "scale": "static",
+                                                "value": 1e39}})

@@ -14,6 +14,7 @@ Pure Python (the DSL imports this). The semantics a spec fixes, for every progra
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +45,7 @@ class CastSpec:
     format: Format
     scale: str = "none"
     block_size: int | None = None
-    value: float | None = None  # the scale itself, for ``static``
+    value: float | None = None  # the scale itself, for ``static`` (a float32 value)
 
     def canonical(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": self.format.name, "scale": self.scale}
@@ -129,7 +130,11 @@ def _cast(raw: Any, role: str, locate: Locate, path: tuple[str, ...]) -> CastSpe
     if scale == "static":
         if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
             raise _fail(locate, (*path, "value"), "a static scale needs a positive number 'value'")
-        value = float(value)
+        # kernels store scales in float32: the spec means the float32 nearest to what is written,
+        # so realizations, QDQ graphs and the bound engine all use one and the same scale
+        value = _fl32(float(value))
+        if not 0 < value < float("inf"):
+            raise _fail(locate, (*path, "value"), "a static scale must be a positive float32")
     elif value is not None:
         raise _fail(locate, (*path, "value"), f"'value' is only for a static scale, not {scale!r}")
     if fmt.kind == "int" and role == "activations":
@@ -138,6 +143,14 @@ def _cast(raw: Any, role: str, locate: Locate, path: tuple[str, ...]) -> CastSpe
     if fmt.kind == "int" and scale == "none":
         raise _fail(locate, (*path, "scale"), f"integer format {fmt.name!r} needs a scale")
     return CastSpec(fmt, scale, block, value)
+
+
+def _fl32(x: float) -> float:
+    """x rounded to the nearest float32 (round half to even), as a Python float."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:
+        return float("inf")
 
 
 def parse_kernel_spec(name: str, raw: Any, locate: Locate | None = None) -> KernelSpec:

@@ -133,7 +133,8 @@ def test_fp8_demo_contract_shapes() -> None:
     classes = {cl.id: cl.klass for cl in c.clauses}
     assert "empirical" in classes.values()
     assert any(not cl.hard and cl.budget for cl in c.clauses)
-    assert set(c.slices) == {"all", "safety"}
+    assert set(c.slices) == {"all", "safety", "sample"}
+    assert "static" in classes.values()
     inf = c.kernels["inf"]
     assert inf.weights.format.name == "fp8_e4m3" and inf.weights.scale == "per_channel"
     assert inf.activations.scale == "dynamic_per_tensor"

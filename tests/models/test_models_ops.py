@@ -435,3 +435,15 @@ def test_attention_matches_onnxruntime(case: Any, decomposed: bool) -> None:
     ours = run_ours(model, feeds, arithmetic=PassThrough() if decomposed else None)
     for a, b in zip(ours, ref):
         assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_cast_from_float64_rounds_once() -> None:
+    """1 + 2^-11 + 2^-40 lies above the fp16 midpoint: nearest is 1 + 2^-10 (torch's own cast
+    via float32 rounds twice and gives 1)."""
+    import torch
+
+    from kcverify.models.ops._util import round_to
+
+    x = torch.tensor([1 + 2**-11 + 2**-40, 1 + 2**-8 + 2**-30], dtype=torch.float64)
+    assert round_to(x[:1], torch.float16).item() == 1 + 2**-10
+    assert round_to(x[1:], torch.bfloat16).item() == 1 + 2**-7

@@ -45,14 +45,17 @@ def round_to(value: torch.Tensor, fmt: torch.dtype | None, saturate: bool = Fals
 
     fp8 (ONNX semantics): with ``saturate`` every value (inf too) is clamped to +-max first;
     without it a magnitude past max + ulp/2 (ties to even) becomes NaN (e4m3fn) or inf (e5m2).
+    A float64 value is rounded once, exactly (torch's own cast goes through float32 and would
+    round twice).
     """
     if fmt is None:
         return value
+    cast = _single_rounding if value.dtype == torch.float64 and fmt in _NARROW else _torch_cast
     if fmt in _FP8_OVERFLOW:
         top = torch.finfo(fmt).max
         if saturate:
-            return value.clamp(-top, top).to(fmt).to(value.dtype)
-        out = value.clamp(-top, top).to(fmt).to(value.dtype)
+            return cast(value.clamp(-top, top), fmt)
+        out = cast(value.clamp(-top, top), fmt)
         limit, tie_up = _FP8_OVERFLOW[fmt]
         mag = value.abs()
         over = (mag >= limit) if tie_up else (mag > limit)
@@ -61,7 +64,21 @@ def round_to(value: torch.Tensor, fmt: torch.dtype | None, saturate: bool = Fals
         else:
             special = torch.copysign(torch.full_like(out, float("inf")), value)
         return torch.where(over, special, out)
+    return cast(value, fmt)
+
+
+_NARROW = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2",
+           torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _torch_cast(value: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
     return value.to(fmt).to(value.dtype)
+
+
+def _single_rounding(value: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
+    from kcverify.kernels.cast import round_to_format
+
+    return round_to_format(value, _NARROW[fmt])
 
 
 # fp8 format -> (max + ulp/2, whether that tie rounds up past max: max's last mantissa bit is 1)

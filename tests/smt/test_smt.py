@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from kcverify.bounds import Region, certify_drift
-from kcverify.certs.rules import RuleContext, get_rule
+from kcverify.bounds import Region, blocks_of, certify_drift
+from kcverify.certs.rules import RuleContext, get_rule, implies
 from kcverify.kernels.cast import round_to_format
 from kcverify.kernels.formats import get_format
 from kcverify.models.ir import load_onnx
@@ -72,16 +72,18 @@ def test_shipped_model_clause_proved_by_smt_not_by_intervals() -> None:
     d = smt_decide_block(g, TRAIN, INF, x, tau, eps=eps, timeout_s=30)
     assert d.verdict == "proved" and d.node is not None
     rule = get_rule("smt-block")
-    ctx = RuleContext()
+    ctx = RuleContext(expected_chain=[(b.name, b.digest) for b in blocks_of(g)])
     assert rule.check(d.node, ctx) == []
+    other = RuleContext(expected_chain=[("layer0", "0" * 64)])
+    assert "neither the certified model" in rule.check(d.node, other)[0]
     edited = dict(d.node, params=dict(d.node["params"]))
     low = float(m.value) * 0.9
     edited["params"]["claim"] = [low.hex()]
     edited["conclusion"] = dict(d.node["conclusion"], bounds=[low.hex()])
     problems = rule.check(edited, ctx)
     assert problems and "does not re-solve" in problems[0]
-    tighter = dict(d.node, conclusion=dict(d.node["conclusion"], bounds=[low.hex()]))
-    assert any("tighter than justified" in p for p in rule.check(tighter, ctx))
+    claimed = dict(d.node["conclusion"], bounds=[low.hex()])
+    assert "tighter than justified" in implies(d.node["conclusion"], claimed, {"bounds": "upper"})[0]
 
 
 def test_refuted_clause_carries_a_replayed_counterexample() -> None:

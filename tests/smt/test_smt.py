@@ -74,6 +74,10 @@ def test_shipped_model_clause_proved_by_smt_not_by_intervals() -> None:
     rule = get_rule("smt-block")
     ctx = RuleContext(expected_chain=[(b.name, b.digest) for b in blocks_of(g)])
     assert rule.check(d.node, ctx) == []
+    # the paper's chain goes on top unchanged: aggregate, then threshold
+    agg = get_rule("aggregate").conclude([d.node["conclusion"]], {"stat": "max"}, ctx)
+    held = get_rule("threshold").conclude([agg], {"threshold": tau.hex(), "op": "<="}, ctx)
+    assert held and float.fromhex(agg["bounds"][0]) == tau
     other = RuleContext(expected_chain=[("layer0", "0" * 64)])
     assert "neither the certified model" in rule.check(d.node, other)[0]
     edited = dict(d.node, params=dict(d.node["params"]))
@@ -104,6 +108,13 @@ def test_proved_and_refuted_agree_with_the_maximum() -> None:
     m = max_drift(g, TRAIN, INF, x, timeout_s=20)
     assert decide_drift(g, TRAIN, INF, x, float(m.value) * 1.001, programs=0).verdict == "proved"
     assert decide_drift(g, TRAIN, INF, x, float(m.value) * 0.5, programs=0).verdict in ("refuted", "unknown")
+
+
+def test_time_limit_gives_unknown() -> None:
+    g = random_mlp(seed=0)
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 3)).astype(np.float32)
+    v = decide_drift(g, TRAIN, INF, x, 1e-3, timeout_s=1e-4, programs=0)
+    assert v.verdict == "unknown" and "z3" in v.note
 
 
 def test_static_scale_and_unstable_relus() -> None:

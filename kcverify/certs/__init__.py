@@ -18,3 +18,5 @@ from kcverify.certs.statement import (
 __all__ = ["RULES", "CertificateBuilder", "Rule", "RuleContext", "RuleError", "get_rule",
            "kernel_spec_digest", "read_certificate", "register_rule", "validate_statement",
            "write_certificate"]
+
+import kcverify.certs.smt_rule  # noqa: E402,F401  (registers "smt-block"; z3 loads only when used)

@@ -77,7 +77,8 @@ class SmtBlock(Rule):
         if [v.name for v in graph.outputs] != [tensor]:
             raise RuleError(f"smt-block: the block's outputs are {[v.name for v in graph.outputs]}, "
                             f"not [{tensor!r}]")
-        timeout = float(params.get("timeout_s", DEFAULT_TIMEOUT_S))
+        raw_t = params.get("timeout_s", DEFAULT_TIMEOUT_S)
+        timeout = unfx(raw_t, "smt-block params.timeout_s") if isinstance(raw_t, str) else float(raw_t)
         for i, (point, b) in enumerate(zip(inputs, claim)):
             x = unfx_list(point, f"smt-block params.inputs[{i}]")
             try:
@@ -91,8 +92,11 @@ class SmtBlock(Rule):
             if v.verdict != "proved":
                 raise RuleError(f"smt-block: sample {i}: the bound {b!r} does not re-solve "
                                 f"({v.verdict}{': ' + v.note if v.note else ''})")
-        return {"quantity": "linf_drift", "direction": "upper", "tensor": tensor,
-                "bounds": [fx(b) for b in claim]}
+        out = {"quantity": "linf_drift", "direction": "upper", "tensor": tensor,
+               "bounds": [fx(b) for b in claim]}
+        if "slice" in params:  # the contract slice the input points come from
+            out["slice"] = str(params["slice"])
+        return out
 
 
 def _graph(params: dict[str, Any], ctx: RuleContext) -> Any:

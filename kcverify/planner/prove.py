@@ -49,6 +49,7 @@ class ProveOptions:
     realizations: int = 2  # inference programs drawn per slice (first: nearest, in order)
     confidence: float = 0.95
     runtime_repeats: int = 3
+    smt_timeout: float = 30.0  # seconds per input for z3 on small blocks
     cert_path: Path | None = None  # default MODEL.kcert.json
     embed: bool = False
     write_certificate: bool = True
@@ -214,8 +215,46 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
     try:
         proof = b.apply("threshold", [agg], threshold=float(q.threshold), op=q.op)
     except RuleError:
-        return None, bound, f"certified bound {bound:.6g} does not meet {q.op} {q.threshold:g}"
+        note = f"certified bound {bound:.6g} does not meet {q.op} {q.threshold:g}"
+        smt = _try_smt(s, b, q)
+        if smt is not None:
+            return smt, unfx(smt["conclusion"]["bound"][0]), ""
+        return None, bound, note
     return proof, bound, ""
+
+
+def _try_smt(s: Session, b: Any, q: NumericalQuery) -> dict[str, Any] | None:
+    """For a small ReLU model and an L-inf logit-drift clause the interval bound misses: decide
+    it exactly with z3 (kcverify.smt); a proof is an smt-block leaf the checker re-solves."""
+    import math
+
+    from kcverify.certs.rules import RuleError
+
+    if q.quantity != "logit_linf" or q.aggregate != "max" or q.per_position or not q.upper:
+        return None
+    sl = s.contract.slices[q.slice]
+    eps = 0.0
+    if sl.region is not None:
+        if sl.region.space != "input" or sl.region.norm != "linf":
+            return None
+        eps = float(sl.region.eps)
+    try:
+        from kcverify.smt import smt_decide_block
+    except ImportError:  # pragma: no cover - z3 is a dependency
+        return None
+    tau = float(q.threshold) if q.op == "<=" else math.nextafter(float(q.threshold), -math.inf)
+    s.say(f"interval bound misses {q.op} {q.threshold:g} on {q.slice!r}; trying SMT (z3)")
+    d = smt_decide_block(s.graph, s.train, s.inf, s.feeds(q.slice), tau, eps=eps,
+                         timeout_s=s.options.smt_timeout)
+    s.say(f"SMT: {d.verdict}{' (' + d.note + ')' if d.note else ''}")
+    if d.verdict != "proved" or d.node is None:
+        return None
+    try:
+        leaf = b.apply("smt-block", [], **{**d.node["params"], "slice": q.slice})
+        agg = b.apply("aggregate", [leaf], stat="max")
+        return b.apply("threshold", [agg], threshold=float(q.threshold), op=q.op)
+    except RuleError:
+        return None
 
 
 def _certifiable(s: Session, b: Any, clause: Clause) -> _Decision:
@@ -241,7 +280,8 @@ def _certifiable(s: Session, b: Any, clause: Clause) -> _Decision:
     if all(p is not None for p, _, _ in attempts):
         proofs = [p for p, _, _ in attempts]
         proof = proofs[0] if len(proofs) == 1 else b.apply("all", proofs)
-        r = ClauseResult(**common, verdict=Verdict.PROVED, method=f"bound-{s.options.domain}",
+        method = "smt-z3" if _uses(proof, "smt-block") else f"bound-{s.options.domain}"
+        r = ClauseResult(**common, verdict=Verdict.PROVED, method=method,
                          value=bound, bound=bound,
                          sample_size=sum(s.slice(n).n for n in slices))
         return _Decision(r, dict(verdict="proved", bound=bound, method=r.method, proof=proof,
@@ -364,6 +404,13 @@ def prove(contract_path: str | os.PathLike[str], model_path: str | os.PathLike[s
             cert_path = options.cert_path or model.with_name(model.name + ".kcert.json")
             write_certificate(cert_path, statement)
     return ProveResult(report, statement, cert_path)
+
+
+def _uses(node: Any, rule: str) -> bool:
+    """Whether a proof tree applies ``rule`` anywhere."""
+    if not isinstance(node, dict):
+        return False
+    return node.get("rule") == rule or any(_uses(p, rule) for p in node.get("premises", []))
 
 
 def _prune_blocks(b: Any) -> None:

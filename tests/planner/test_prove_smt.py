@@ -1,0 +1,35 @@
+"""Issue 6 through the planner: a box clause the interval bound misses is proved by z3, the
+certificate records the smt-block leaf, and the checker re-solves it; an edited claim fails."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from kcverify.certs.encoding import fx
+from kcverify.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_smt_proves_what_intervals_miss(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    shutil.copy(ROOT / "models" / "mlp_tiny.onnx", tmp_path / "models")
+    shutil.copytree(ROOT / "examples" / "data", tmp_path / "examples" / "data")
+    shutil.copytree(ROOT / "examples" / "contracts", tmp_path / "examples" / "contracts")
+    model = tmp_path / "models" / "mlp_tiny.onnx"
+    contract = tmp_path / "examples" / "contracts" / "mlp-box.yaml"
+    cert, report = tmp_path / "box.kcert.json", tmp_path / "r.json"
+    assert main(["prove", str(contract), str(model), "--cert", str(cert), "--report", str(report),
+                 "--quiet"]) == 0
+    c = json.loads(report.read_text())["clauses"][0]
+    assert c["verdict"] == "proved" and c["method"] == "smt-z3"
+    stmt = json.loads(cert.read_text())
+    leaf = stmt["predicate"]["clauses"][0]["proof"]["premises"][0]["premises"][0]
+    assert leaf["rule"] == "smt-block" and stmt["predicate"]["blocks"] == {}
+    assert main(["check", str(cert), str(model), str(contract)]) == 0
+    leaf["params"]["claim"] = [fx(0.1)]  # below z3's maximum: does not re-solve
+    leaf["conclusion"]["bounds"] = [fx(0.1)]
+    cert.write_text(json.dumps(stmt))
+    assert main(["check", str(cert), str(model), str(contract)]) == 1

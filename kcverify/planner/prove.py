@@ -163,6 +163,21 @@ class _Decision:
     cert: dict[str, Any]  # keyword arguments of CertificateBuilder.add_clause
 
 
+def _input_box(x: np.ndarray, sl: Any) -> Any:
+    """The model-input region a chain starts from: the points, or the box that encloses an
+    input-space region around them (both kernels read the same input: no drift). Embedding-space
+    regions enter inside the first block."""
+    from kcverify.bounds.box import DiffBox
+
+    region = getattr(sl, "region", None)
+    if region is None or region.space != "input" or x.dtype.kind != "f":
+        return DiffBox.point(x)
+    lo = np.nextafter(x - region.eps, -np.inf)
+    hi = np.nextafter(x + region.eps, np.inf)
+    zero = np.zeros_like(x)
+    return DiffBox(lo, hi, lo.copy(), hi.copy(), zero, zero.copy())
+
+
 def _plugin_rule(quantity: str) -> str | None:
     """A registered composition rule that declares ``derives = quantity`` (docs/rules.md): the
     planner applies it to [linf_drift, state]. Built-in chain rules take precedence."""
@@ -180,7 +195,6 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
                ) -> tuple[dict[str, Any] | None, float | None, str]:
     """(proof, bound, note): a proof tree when the certified bound meets the threshold; else the
     bound reached (None when the quantity has no chain rule yet) and why it is not a proof."""
-    from kcverify.bounds.box import DiffBox
     from kcverify.certs.encoding import unfx
     from kcverify.certs.rules import RuleError
 
@@ -190,7 +204,8 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
     res = s.drift(q.slice)
     if q.slice not in s.block_refs:
         refs = [b.add_block(r, ref=f"{q.slice}/{i}:{r.name}") for i, r in enumerate(res.blocks)]
-        inputs = {k: DiffBox.point(np.asarray(v, dtype=np.float64)) for k, v in s.feeds(q.slice).items()}
+        inputs = {k: _input_box(np.asarray(v, dtype=np.float64), s.contract.slices[q.slice])
+                  for k, v in s.feeds(q.slice).items()}
         chain = b.sequential(refs, inputs=inputs, outputs=[s.output], slice=q.slice)
         s.block_refs[q.slice] = (refs, chain)
     chain = s.block_refs[q.slice][1]

@@ -185,3 +185,16 @@ def test_unused_blocks_are_not_stored(work: Path) -> None:
     stmt = json.loads(cert.read_text())
     assert stmt["predicate"]["clauses"][0]["verdict"] in ("passed", "refuted")
     assert stmt["predicate"]["blocks"] == {}
+
+
+def test_input_region_clause_proved_and_checked(work: Path) -> None:
+    """A box around each point (input space): the chain starts from the box, and check agrees."""
+    model = work / "models" / "mlp_tiny.onnx"
+    text = (work / "examples" / "contracts" / "mlp-box.yaml").read_text().replace("<= 0.26", "<= 0.4")
+    contract = work / "examples" / "contracts" / "box-loose.yaml"
+    contract.write_text(text)
+    cert = work / "b.kcert.json"
+    assert main(["prove", str(contract), str(model), "--cert", str(cert), "--quiet"]) == 0
+    stmt = json.loads(cert.read_text())
+    assert stmt["predicate"]["clauses"][0]["method"].startswith("bound-")
+    assert main(["check", str(cert), str(model), str(contract)]) == 0

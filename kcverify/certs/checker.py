@@ -79,6 +79,10 @@ def slice_input_region(contract: Any, model_path: str | os.PathLike[str], notes:
             cache[name] = {}
             return cache[name]
         reg = getattr(sl, "region", None)
+        if reg is not None and reg.space != "input" and reg.eps > 0:
+            # the region enters inside the first block, which the block re-check does not model
+            raise CertificateError(f"slice {name!r}: proofs over an {reg.space}-space region "
+                                   "cannot be re-checked yet")
         out: dict[str, Any] = {}
         for k, v in feeds.items():
             x = np.asarray(v, dtype=np.float64)

@@ -244,6 +244,16 @@ class DiffBox:
     drift_lo: np.ndarray
     drift_hi: np.ndarray
 
+    def __post_init__(self) -> None:
+        """NaN (an inf - inf inside a rule) carries no information: a lower end becomes -inf,
+        an upper end +inf, so every state stays a sound (if vacuous) enclosure."""
+        for name in ("train_lo", "inf_lo", "drift_lo"):
+            a = np.asarray(getattr(self, name), dtype=np.float64)
+            setattr(self, name, np.where(np.isnan(a), -np.inf, a))
+        for name in ("train_hi", "inf_hi", "drift_hi"):
+            a = np.asarray(getattr(self, name), dtype=np.float64)
+            setattr(self, name, np.where(np.isnan(a), np.inf, a))
+
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.train_lo.shape)

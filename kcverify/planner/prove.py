@@ -252,6 +252,8 @@ def _try_smt(s: Session, b: Any, q: NumericalQuery) -> dict[str, Any] | None:
 
     if q.quantity != "logit_linf" or q.aggregate != "max" or q.per_position or not q.upper:
         return None
+    if not all((v.dtype or "").startswith("float") for v in s.graph.inputs):
+        return None  # token models: SMT encodes float-input ReLU networks only
     sl = s.contract.slices[q.slice]
     eps = 0.0
     if sl.region is not None:
@@ -264,8 +266,12 @@ def _try_smt(s: Session, b: Any, q: NumericalQuery) -> dict[str, Any] | None:
         return None
     tau = float(q.threshold) if q.op == "<=" else math.nextafter(float(q.threshold), -math.inf)
     s.say(f"interval bound misses {q.op} {q.threshold:g} on {q.slice!r}; trying SMT (z3)")
-    d = smt_decide_block(s.graph, s.train, s.inf, s.feeds(q.slice), tau, eps=eps,
-                         timeout_s=s.options.smt_timeout)
+    try:
+        d = smt_decide_block(s.graph, s.train, s.inf, s.feeds(q.slice), tau, eps=eps,
+                             timeout_s=s.options.smt_timeout)
+    except KcverifyError as e:
+        s.say(f"SMT: skipped ({e})")
+        return None
     s.say(f"SMT: {d.verdict}{' (' + d.note + ')' if d.note else ''}")
     if d.verdict != "proved" or d.node is None:
         return None

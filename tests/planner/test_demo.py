@@ -1,0 +1,39 @@
+"""`./dev demo` as a test: the shipped FP8 contract on the shipped tiny decoder decides every
+clause (numerical, statistical with confidence, runtime, static), then check and admit pass."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kcverify.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_demo_prove_check_admit(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    shutil.copy(ROOT / "models" / "tiny_decoder.onnx", tmp_path / "models")
+    shutil.copytree(ROOT / "examples" / "data", tmp_path / "examples" / "data")
+    shutil.copytree(ROOT / "examples" / "contracts", tmp_path / "examples" / "contracts")
+    model = tmp_path / "models" / "tiny_decoder.onnx"
+    contract = tmp_path / "examples" / "contracts" / "fp8-deploy.yaml"
+    report, html = tmp_path / "out" / "report.json", tmp_path / "out" / "report.html"
+    assert main(["prove", str(contract), str(model), "--report", str(report), "--html", str(html),
+                 "--quiet"]) == 0
+    body = json.loads(report.read_text())
+    by_id = {c["id"]: c for c in body["clauses"]}
+    assert set(by_id) == {"N-FP8-1", "N-FP8-SAFE-1", "N-FP8-SAFE-2", "N-FP8-2", "S-FP8-1",
+                          "R-FP8-1", "O-FP8-1"}
+    assert all(c["verdict"] in ("proved", "passed") for c in body["clauses"])
+    for cid in ("S-FP8-1", "R-FP8-1"):
+        assert by_id[cid]["sample_size"] >= 59 and by_id[cid]["confidence"] == pytest.approx(0.95)
+    assert "<svg" in html.read_text()
+    cert = model.with_name(model.name + ".kcert.json")
+    assert main(["check", str(cert), str(model), str(contract)]) == 0
+    assert main(["registry", "--registry", str(tmp_path / "reg"), "admit", str(model),
+                 str(contract), str(cert)]) == 0

@@ -33,21 +33,6 @@ def prelu(ctx: OpContext, x: torch.Tensor, slope: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= 0, x, ctx.round("mul", x * slope))
 
 
-@register_op("Erf", since_opset=9)
-def erf(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
-    return ctx.round("erf", torch.erf(x))
-
-
-@register_op("Tanh", since_opset=6)
-def tanh(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
-    return ctx.round("tanh", torch.tanh(x))
-
-
-@register_op("Sigmoid", since_opset=6)
-def sigmoid(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
-    return ctx.round("sigmoid", torch.sigmoid(x))
-
-
 @register_op("HardSigmoid", since_opset=6)
 def hard_sigmoid(ctx: OpContext, x: torch.Tensor, *, alpha: float = 0.2,
                  beta: float = 0.5) -> torch.Tensor:

@@ -58,36 +58,6 @@ def pow_(ctx: OpContext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return ctx.round("pow", out)
 
 
-@register_op("Sqrt", since_opset=6)
-def sqrt(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
-    return ctx.round("sqrt", torch.sqrt(x))
-
-
-@register_op("Reciprocal", since_opset=6)
-def reciprocal(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
-    return ctx.round("div", torch.reciprocal(x))
-
-
-@register_op("Exp", since_opset=6)
-def exp(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
-    return ctx.round("exp", torch.exp(x))
-
-
-@register_op("Log", since_opset=6)
-def log(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
-    return ctx.round("log", torch.log(x))
-
-
-@register_op("Sin", since_opset=7)
-def sin(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
-    return ctx.round("exp", torch.sin(x))
-
-
-@register_op("Cos", since_opset=7)
-def cos(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
-    return ctx.round("exp", torch.cos(x))
-
-
 @register_op("Neg", since_opset=6)
 def neg(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
     return -x
@@ -212,3 +182,24 @@ def isinf(ctx: OpContext, x: torch.Tensor, *, detect_negative: int = 1,
 @register_op("Where", since_opset=9)
 def where(ctx: OpContext, cond: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(cond.to(torch.bool), a, b)
+
+
+# Unary ops whose result is one primitive of the compute format (DEFAULT_ULPS): op type ->
+# (since opset, torch function, primitive). Sin / Cos count as transcendental like exp.
+UNARY: dict[str, tuple[int, object, str]] = {
+    "Sqrt": (6, torch.sqrt, "sqrt"), "Reciprocal": (6, torch.reciprocal, "div"),
+    "Exp": (6, torch.exp, "exp"), "Log": (6, torch.log, "log"), "Sin": (7, torch.sin, "exp"),
+    "Cos": (7, torch.cos, "exp"), "Erf": (9, torch.erf, "erf"), "Tanh": (6, torch.tanh, "tanh"),
+    "Sigmoid": (6, torch.sigmoid, "sigmoid"),
+}
+
+
+def _unary(fn: object, primitive: str) -> object:
+    def op(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
+        return ctx.round(primitive, fn(x))  # type: ignore[operator]
+
+    return op
+
+
+for _name, (_since, _fn, _prim) in UNARY.items():
+    register_op(_name, since_opset=_since)(_unary(_fn, _prim))  # type: ignore[arg-type]

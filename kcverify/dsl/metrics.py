@@ -47,7 +47,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
        "mean over tokens of the top-10 set overlap"),
     _m("mean_abs_log_ratio", "statistical", "<=",
        "mean(x in {slice}, t: abs(logprob_inf(x, t) - logprob_train(x, t)))",
-       "mean over tokens of |log q - log p| of the observed token"),
+       "mean over positions of |log q - log p|; measured weighted by p (E_p|log rho|), "
+       "certified through the per-token bound, which covers both readings"),
     _m("mean_w_log_w", "statistical", "<=",
        "mean(x in {slice}, t: ratio(x, t) * log(ratio(x, t)))",
        "mean over tokens of w log w, w = q/p (importance-weight entropy)"),

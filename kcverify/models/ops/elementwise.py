@@ -123,31 +123,6 @@ def clip_attr(ctx: OpContext, x: torch.Tensor, *, min: float = -3.40282346638528
     return x.clamp(min, max)
 
 
-@register_op("Equal", since_opset=7)
-def equal(ctx: OpContext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.eq(a, b)
-
-
-@register_op("Less", since_opset=7)
-def less(ctx: OpContext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.lt(a, b)
-
-
-@register_op("LessOrEqual", since_opset=12)
-def less_equal(ctx: OpContext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.le(a, b)
-
-
-@register_op("Greater", since_opset=7)
-def greater(ctx: OpContext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.gt(a, b)
-
-
-@register_op("GreaterOrEqual", since_opset=12)
-def greater_equal(ctx: OpContext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.ge(a, b)
-
-
 @register_op("Not", since_opset=1)
 def not_(ctx: OpContext, x: torch.Tensor) -> torch.Tensor:
     return torch.logical_not(x)
@@ -203,3 +178,21 @@ def _unary(fn: object, primitive: str) -> object:
 
 for _name, (_since, _fn, _prim) in UNARY.items():
     register_op(_name, since_opset=_since)(_unary(_fn, _prim))  # type: ignore[arg-type]
+
+
+# Comparisons: exact, no rounding. op type -> (since opset, torch function).
+COMPARISONS: dict[str, tuple[int, object]] = {
+    "Equal": (7, torch.eq), "Less": (7, torch.lt), "LessOrEqual": (12, torch.le),
+    "Greater": (7, torch.gt), "GreaterOrEqual": (12, torch.ge),
+}
+
+
+def _comparison(fn: object) -> object:
+    def op(ctx: OpContext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return fn(a, b)  # type: ignore[operator]
+
+    return op
+
+
+for _name, (_since, _fn) in COMPARISONS.items():
+    register_op(_name, since_opset=_since)(_comparison(_fn))  # type: ignore[arg-type]

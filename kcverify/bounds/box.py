@@ -21,7 +21,11 @@ certificates store.
 from __future__ import annotations
 
 import base64
+import functools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -35,21 +39,39 @@ ABS_PAD = 2.0**-1000  # absolute widening: far above float64 underflow error, fa
 F64 = torch.float64
 
 
+@functools.lru_cache(maxsize=64)
+def _factors(rel: float) -> tuple[float, float] | None:
+    """(1 - rel, 1 + rel) when both are exact in float64 (rel a power of two: the common
+    paddings), else None."""
+    lo, hi = 1.0 - rel, 1.0 + rel
+    if Fraction(lo) != 1 - Fraction(rel) or Fraction(hi) != 1 + Fraction(rel):
+        return None
+    return lo, hi
+
+
 def pad_lo(x: torch.Tensor, rel: float = REL_PAD) -> torch.Tensor:
-    """Round a lower bound outward: x - rel*|x| - ABS_PAD (infinities unchanged)."""
-    y = x - x.abs() * rel - ABS_PAD
-    return torch.where(torch.isfinite(x), y, x)
+    """Round a lower bound outward: x - rel*|x| - ABS_PAD (infinities and NaN unchanged).
+
+    With exact factors, min(x (1 - rel), x (1 + rel)) is x - rel|x| for either sign (the same
+    single rounding) and keeps infinities without a finiteness test; otherwise fmin(x, .) maps
+    the inf - inf of an infinite x back to x."""
+    f = _factors(rel)
+    if f is not None:
+        return torch.minimum(x * f[0], x * f[1]).sub_(ABS_PAD)
+    return torch.fmin(x, x - x.abs() * rel - ABS_PAD)
 
 
 def pad_hi(x: torch.Tensor, rel: float = REL_PAD) -> torch.Tensor:
-    """Round an upper bound outward: x + rel*|x| + ABS_PAD (infinities unchanged)."""
-    y = x + x.abs() * rel + ABS_PAD
-    return torch.where(torch.isfinite(x), y, x)
+    """Round an upper bound outward: x + rel*|x| + ABS_PAD (infinities and NaN unchanged)."""
+    f = _factors(rel)
+    if f is not None:
+        return torch.maximum(x * f[0], x * f[1]).add_(ABS_PAD)
+    return torch.fmax(x, x + x.abs() * rel + ABS_PAD)
 
 
 def nan_to(x: torch.Tensor, v: float) -> torch.Tensor:
-    """Replace NaN (no information) by v; infinities stay (unlike torch.nan_to_num)."""
-    return torch.where(torch.isnan(x), torch.full_like(x, v), x)
+    """Replace NaN (no information) by v; infinities stay (unlike torch.nan_to_num's default)."""
+    return torch.nan_to_num(x, nan=v, posinf=math.inf, neginf=-math.inf)
 
 
 _nan_to = nan_to
@@ -80,8 +102,8 @@ def imul(al: torch.Tensor, ah: torch.Tensor, bl: torch.Tensor, bh: torch.Tensor
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Interval product [al, ah] * [bl, bh] (0 * inf read as 0: bounds are of finite values)."""
     c = torch.stack([al * bl, al * bh, ah * bl, ah * bh])
-    c = torch.nan_to_num(c, nan=0.0, posinf=float("inf"), neginf=-float("inf"))
-    return c.min(0).values, c.max(0).values
+    c = torch.nan_to_num(c, nan=0.0, posinf=math.inf, neginf=-math.inf)
+    return c.amin(0), c.amax(0)
 
 
 def mag(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -90,8 +112,8 @@ def mag(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
 
 
 def mig(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    """min |x| over [lo, hi]."""
-    return torch.where((lo <= 0) & (hi >= 0), torch.zeros_like(lo), torch.minimum(lo.abs(), hi.abs()))
+    """min |x| over [lo, hi] (lo <= hi): max(lo, -hi) is lo, |hi| or negative (0 inside)."""
+    return torch.maximum(lo, -hi).clamp_min_(0.0)
 
 
 def fsum(lo: torch.Tensor, hi: torch.Tensor, dim: int | tuple[int, ...], keepdim: bool = False
@@ -123,23 +145,33 @@ def imatmul(al: torch.Tensor, ah: torch.Tensor, bl: torch.Tensor, bh: torch.Tens
     """Interval matmul (numpy broadcasting) in midpoint-radius form, float64 error included.
 
     Returns (lo, hi, M) with M = |A| @ |B| (magnitudes), which callers reuse for gamma_n terms.
+    A point operand (lo == hi: weights, exact data) has radius 0 and skips its radius products.
     """
-    am, ar = midrad(al, ah)
-    bm, br = midrad(bl, bh)
+    point_a, point_b = _is_point(al, ah), _is_point(bl, bh)
+    am, ar = (al, None) if point_a else midrad(al, ah)
+    bm, br = (bl, None) if point_b else midrad(bl, bh)
     c = torch.matmul(am, bm)
     a_abs, b_abs = am.abs(), bm.abs()
-    point_a, point_b = not bool((ar > 0).any()), not bool((br > 0).any())
-    rad = torch.zeros_like(c)
-    if not point_b:
-        rad = rad + torch.matmul(a_abs, br)
-    if not point_a:
-        rad = rad + torch.matmul(ar, b_abs)
-        if not point_b:
-            rad = rad + torch.matmul(ar, br)
-    magn = torch.matmul(a_abs + ar, b_abs + br)
+    if ar is None and br is None:
+        rad = torch.zeros_like(c)
+        magn = torch.matmul(a_abs, b_abs)
+    elif br is None:
+        rad = torch.matmul(ar, b_abs)
+        magn = torch.matmul(a_abs + ar, b_abs)
+    elif ar is None:
+        rad = torch.matmul(a_abs, br)
+        magn = torch.matmul(a_abs, b_abs + br)
+    else:
+        rad = torch.matmul(a_abs, br) + torch.matmul(ar, b_abs) + torch.matmul(ar, br)
+        magn = torch.matmul(a_abs + ar, b_abs + br)
     n = al.shape[-1]
     err = (n + 4) * U64 * magn * 1.01 + rad * 8 * U64
     return c - rad - err, c + rad + err, magn
+
+
+def _is_point(lo: torch.Tensor, hi: torch.Tensor) -> bool:
+    """lo == hi everywhere (the same tensor, or equal values; NaN is never a point)."""
+    return lo is hi or (lo.shape == hi.shape and torch.equal(lo, hi))
 
 
 @dataclass
@@ -184,8 +216,11 @@ class Box:
         vdl, vdh = sub_lo(il, th), sub_hi(ih, tl)
         if dl is None or dh is None:
             return Box(tl, th, il, ih, vdl, vdh)
-        shape = torch.broadcast_shapes(dl.shape, vdl.shape)
-        return Box(tl, th, il, ih, meet_lo(dl, vdl).expand(shape), meet_hi(dh, vdh).expand(shape))
+        lo, hi = meet_lo(dl, vdl), meet_hi(dh, vdh)
+        if lo.shape != vdl.shape or hi.shape != vdl.shape:
+            shape = torch.broadcast_shapes(lo.shape, hi.shape, vdl.shape)
+            lo, hi = lo.expand(shape), hi.expand(shape)
+        return Box(tl, th, il, ih, lo, hi)
 
     def padded(self) -> Box:
         return Box(pad_lo(self.tl), pad_hi(self.th), pad_lo(self.il), pad_hi(self.ih),
@@ -200,19 +235,63 @@ class Box:
         return DiffBox(*a)
 
 
-def check_box(b: Box, shape: tuple[int, ...] | None, where: str, had_inf: bool) -> Box:
-    """The dispatcher's check of a rule's result: shapes agree, no NaN, lo <= hi."""
-    parts = list(b.parts())
-    if len({tuple(p.shape) for p in parts}) != 1:
+HadInf = bool | Callable[[], bool]
+_FACTORS = _factors(REL_PAD) or (0.0, 0.0)
+
+
+def _check_shapes(parts: tuple[torch.Tensor, ...], shape: tuple[int, ...] | None, where: str
+                  ) -> None:
+    s0 = parts[0].shape
+    if any(p.shape != s0 for p in parts[1:]):
         raise BoundError(f"{where}: rule returned bounds of different shapes "
                          f"{[tuple(p.shape) for p in parts]}")
-    if shape is not None and tuple(parts[0].shape) != tuple(shape):
-        raise BoundError(f"{where}: rule returned shape {tuple(parts[0].shape)}, "
-                         f"expected {tuple(shape)}")
+    if shape is not None and tuple(s0) != tuple(shape):
+        raise BoundError(f"{where}: rule returned shape {tuple(s0)}, expected {tuple(shape)}")
+
+
+def _ordered(lows: torch.Tensor, highs: torch.Tensor) -> bool:
+    """One fused test of a stacked box: no NaN and lo <= hi everywhere (lo = hi = +-inf, whose
+    difference is NaN, takes the detailed path)."""
+    if lows.numel() == 0:
+        return True
+    return bool((highs - lows).amin() >= 0)
+
+
+def check_box(b: Box, shape: tuple[int, ...] | None, where: str, had_inf: HadInf) -> Box:
+    """The dispatcher's check of a rule's result: shapes agree, no NaN, lo <= hi.
+    ``had_inf`` (or a function computing it, called only when a NaN is found): whether an input
+    of the rule was infinite, which makes NaN (inf - inf) legitimate: it then reads as no
+    information."""
+    parts = list(b.parts())
+    _check_shapes(b.parts(), shape, where)
+    if _ordered(torch.stack(parts[0::2]), torch.stack(parts[1::2])):
+        return b
+    return _check_slow(parts, where, had_inf)
+
+
+def pad_check(b: Box, where: str, had_inf: HadInf) -> Box:
+    """``check_box(b.padded(), None, where, had_inf)`` on the six bounds stacked: a few fused
+    ops per rule output instead of a few per bound."""
+    parts = b.parts()
+    _check_shapes(parts, None, where)
+    f_lo, f_hi = _FACTORS
+    lo, hi = torch.stack(parts[0::2]), torch.stack(parts[1::2])
+    lo = torch.minimum(lo * f_lo, lo * f_hi).sub_(ABS_PAD)
+    hi = torch.maximum(hi * f_lo, hi * f_hi).add_(ABS_PAD)
+    los, his = lo.unbind(0), hi.unbind(0)
+    out = [los[0], his[0], los[1], his[1], los[2], his[2]]
+    if _ordered(lo, hi):
+        return Box(*out)
+    return _check_slow(out, where, had_inf)
+
+
+def _check_slow(parts: list[torch.Tensor], where: str, had_inf: HadInf) -> Box:
     for k in range(0, 6, 2):
         lo, hi = parts[k], parts[k + 1]
         nan = torch.isnan(lo) | torch.isnan(hi)
         if bool(nan.any()):
+            if callable(had_inf):
+                had_inf = had_inf()
             if not had_inf:
                 raise BoundError(f"{where}: rule returned NaN bounds from finite inputs")
             parts[k] = torch.where(nan, torch.full_like(lo, -float("inf")), lo)

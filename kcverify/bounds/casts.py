@@ -41,7 +41,9 @@ def rne(t: torch.Tensor, fmt: Format) -> torch.Tensor:
     _, e = torch.frexp(a)  # a = m * 2^e, m in [0.5, 1)
     exp = torch.clamp(e.to(torch.float64) - 1, min=emin)
     quantum = torch.exp2(exp - fmt.mantissa_bits)
-    q = torch.round(t / quantum) * quantum
+    q = torch.round(t / quantum) * quantum  # +-0 stays itself (quantum > 0)
+    if a.numel() == 0 or float(a.amax()) <= fmt.max_finite:
+        return q  # finite and within range: no saturation, no overflow
     q = torch.where(a == 0, t, q)
     top_quantum = 2.0 ** (math.floor(math.log2(fmt.max_finite)) - fmt.mantissa_bits)
     limit = fmt.max_finite + top_quantum / 2

@@ -16,6 +16,7 @@ import torch
 
 from kcverify.bounds.box import Box, imul, mag, mig, pad_hi, pad_lo
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
+from kcverify.bounds.rules import cache
 from kcverify.errors import BoundError
 
 INF = float("inf")
@@ -30,7 +31,7 @@ def _finish(ctx: RuleCtx, prim: str, ft: tuple, fi: tuple, d: tuple) -> Box:
 @bound_rule("Add", domain=Interval)
 def add(ctx: RuleCtx, a, b) -> Box:
     """a + b: values add, drifts add (one rounding per kernel)."""
-    a, b = ctx.lift(a), ctx.lift(b)
+    a, b = cache.lift(ctx, a), cache.lift(ctx, b)
     return _finish(ctx, "add", (a.tl + b.tl, a.th + b.th), (a.il + b.il, a.ih + b.ih),
                    (a.dl + b.dl, a.dh + b.dh))
 
@@ -38,7 +39,7 @@ def add(ctx: RuleCtx, a, b) -> Box:
 @bound_rule("Sub", domain=Interval)
 def sub(ctx: RuleCtx, a, b) -> Box:
     """a - b."""
-    a, b = ctx.lift(a), ctx.lift(b)
+    a, b = cache.lift(ctx, a), cache.lift(ctx, b)
     return _finish(ctx, "add", (a.tl - b.th, a.th - b.tl), (a.il - b.ih, a.ih - b.il),
                    (a.dl - b.dh, a.dh - b.dl))
 
@@ -61,7 +62,7 @@ def mul_box(ctx: RuleCtx, a: Box, b: Box, prim: str = "mul") -> Box:
 @bound_rule("Mul", domain=Interval)
 def mul(ctx: RuleCtx, a, b) -> Box:
     """a * b: x_i y_i - x_t y_t = x_t dy + dx y_i."""
-    return mul_box(ctx, ctx.lift(a), ctx.lift(b))
+    return mul_box(ctx, cache.lift(ctx, a), cache.lift(ctx, b))
 
 
 def inv(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +86,7 @@ def div_box(ctx: RuleCtx, a: Box, b: Box) -> Box:
 @bound_rule("Div", domain=Interval)
 def div(ctx: RuleCtx, a, b) -> Box:
     """a / b: dx / y_i - x_t dy / (y_i y_t)."""
-    return div_box(ctx, ctx.lift(a), ctx.lift(b))
+    return div_box(ctx, cache.lift(ctx, a), cache.lift(ctx, b))
 
 
 @bound_rule("Reciprocal", domain=Interval)

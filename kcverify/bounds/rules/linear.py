@@ -17,11 +17,14 @@ rounding errors; intersected with the value-set difference.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kcverify.bounds.box import Box, Concrete, imatmul, meet_hi, meet_lo, nan_to, pad_hi, pad_lo
 from kcverify.bounds.casts import activation_cast, rne, weight_cast
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
+from kcverify.bounds.rules import cache
 from kcverify.kernels.formats import gamma
 from kcverify.kernels.spec import KernelSpec
 
@@ -61,17 +64,48 @@ def _operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tens
     return lo, hi, zero, zero
 
 
+@dataclass
+class _WeightSide:
+    """What matmul_box derives from a constant right operand alone: its lifted box, each
+    kernel's cast operand and cast error, and the cast drift (the same in every call)."""
+
+    box: Box
+    ops: tuple[tuple, tuple]
+    drift: tuple[torch.Tensor, torch.Tensor]
+
+
+def _weight_side(ctx: RuleCtx, b: Concrete, out_axis: int, k_axis: int) -> _WeightSide:
+    def build() -> _WeightSide:
+        B = ctx.lift(b)
+        ops = []
+        for k, spec in enumerate(ctx.kernels):
+            lo, hi = (B.tl, B.th) if k == 0 else (B.il, B.ih)
+            *cb, eb = _split(_operand(ctx, spec, b, lo, hi, True, "right", out_axis, k_axis))
+            ops.append((tuple(cb), eb))
+        (cb_t, eb_t), (cb_i, eb_i) = ops
+        return _WeightSide(B, (ops[0], ops[1]), _cast_drift(B, cb_t, cb_i, eb_t, eb_i))
+    return cache.cached(ctx, b, ("matmul-weight", out_axis, k_axis), build)
+
+
 def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
                b_out_axis: int = -1, b_k_axis: int = -2) -> Box:
-    """(Cast A) @ (cast B) accumulated in any order and rounded, for both kernels, with drift."""
-    A, B = ctx.lift(a), ctx.lift(b)
+    """(Cast A) @ (cast B) accumulated in any order and rounded, for both kernels, with drift.
+    A constant B's lift, casts and cast drift depend on B and the specs alone: cached."""
+    ws = (_weight_side(ctx, b, b_out_axis, b_k_axis)
+          if b_weight and isinstance(b, Concrete) else None)
+    A = ctx.lift(a)
+    B = ws.box if ws is not None else ctx.lift(b)
     n = A.shape[-1]
     vals, errs, ops = [], [], []
     for k, spec in enumerate(ctx.kernels):
         a_lo, a_hi = (A.tl, A.th) if k == 0 else (A.il, A.ih)
         b_lo, b_hi = (B.tl, B.th) if k == 0 else (B.il, B.ih)
         *ca, ea = _split(_operand(ctx, spec, a, a_lo, a_hi, a_weight, "left", -2, -1))
-        *cb, eb = _split(_operand(ctx, spec, b, b_lo, b_hi, b_weight, "right", b_out_axis, b_k_axis))
+        if ws is not None:
+            cb, eb = ws.ops[k]
+        else:
+            *cb, eb = _split(_operand(ctx, spec, b, b_lo, b_hi, b_weight, "right", b_out_axis,
+                                      b_k_axis))
         ca, cb = tuple(ca), tuple(cb)
         lo, hi, magn = imatmul(*ca, *cb)
         acc = gamma(n, spec.accumulate.u) * magn
@@ -83,7 +117,7 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
     # drift: (A_i - A_t) B_i + A_t (B_i - B_t)
     (ca_t, cb_t, ea_t, eb_t), (ca_i, cb_i, ea_i, eb_i) = ops
     da = _cast_drift(A, ca_t, ca_i, ea_t, ea_i)
-    db = _cast_drift(B, cb_t, cb_i, eb_t, eb_i)
+    db = ws.drift if ws is not None else _cast_drift(B, cb_t, cb_i, eb_t, eb_i)
     d1_lo, d1_hi, _ = imatmul(*da, *cb_i)
     d2_lo, d2_hi, _ = imatmul(*ca_t, *db)
     dl = pad_lo(d1_lo + d2_lo) - errs[0] - errs[1]
@@ -110,13 +144,12 @@ def _cast_drift(X: Box, ct: tuple[torch.Tensor, torch.Tensor], ci: tuple[torch.T
 @bound_rule("MatMul", domain=Interval)
 def matmul(ctx: RuleCtx, a, b) -> Box:
     """numpy.matmul semantics; 1-D operands are promoted and the added axis removed."""
-    A, B = ctx.lift(a), ctx.lift(b)
     squeeze = []
-    if len(A.shape) == 1:
-        a = A.map(lambda t: t.unsqueeze(0))
+    if len(a.shape) == 1:
+        a = ctx.lift(a).map(lambda t: t.unsqueeze(0))
         squeeze.append(-2)
-    if len(B.shape) == 1:
-        b = B.map(lambda t: t.unsqueeze(-1))
+    if len(b.shape) == 1:
+        b = ctx.lift(b).map(lambda t: t.unsqueeze(-1))
         squeeze.append(-1)
     aw, bw = ctx.node.inputs[0] in ctx.constants, ctx.node.inputs[1] in ctx.constants
     y = matmul_box(ctx, a if isinstance(a, Concrete) and not squeeze else ctx.lift(a),

@@ -33,6 +33,7 @@ from kcverify.bounds.box import (
     pad_lo,
 )
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
+from kcverify.bounds.rules import cache
 from kcverify.kernels.spec import KernelSpec
 
 
@@ -42,8 +43,12 @@ def _norm_parts(lo: torch.Tensor, hi: torch.Tensor, eps: float):
     s_lo, s_hi = fsum(lo, hi, -1, keepdim=True)
     c_lo = pad_lo((1 - 1 / n) * lo - (s_hi - hi) / n - 4 * U64 * (s_hi.abs() + hi.abs()) / n)
     c_hi = pad_hi((1 - 1 / n) * hi - (s_lo - lo) / n + 4 * U64 * (s_lo.abs() + lo.abs()) / n)
-    v_lo = pad_lo(fsum(mig(c_lo, c_hi) ** 2, mig(c_lo, c_hi) ** 2, -1, keepdim=True)[0] / n)
-    v_hi = pad_hi(fsum(mag(c_lo, c_hi) ** 2, mag(c_lo, c_hi) ** 2, -1, keepdim=True)[1] / n)
+    # fsum of the squares (>= 0, so the error term's magnitude sum is the sum itself)
+    k = (n + 2) * U64
+    sq_lo = (mig(c_lo, c_hi) ** 2).sum(-1, keepdim=True)
+    sq_hi = (mag(c_lo, c_hi) ** 2).sum(-1, keepdim=True)
+    v_lo = pad_lo((sq_lo - k * sq_lo) / n)
+    v_hi = pad_hi((sq_hi + k * sq_hi) / n)
     v_lo = v_lo.clamp_min(0.0)
     r_lo = pad_lo(1.0 / torch.sqrt(pad_hi(v_hi + eps)))
     r_hi = pad_hi(1.0 / torch.sqrt(pad_lo(v_lo + eps)))
@@ -74,9 +79,10 @@ def _realized_err(spec: KernelSpec, lo, hi, c, r, v, eps, g_mag, y_mag) -> torch
 
 
 def layernorm_box(ctx: RuleCtx, x: Box, g: Box | None, b: Box | None, eps: float) -> Box:
-    parts, exact, errs = [], [], []
+    parts, exact, errs, xhs = [], [], [], []
     for k, (spec, lo, hi) in enumerate(((ctx.train, x.tl, x.th), (ctx.inf, x.il, x.ih))):
         c, r, v, xh = _norm_parts(lo, hi, eps)
+        xhs.append(xh)
         if g is not None:
             gl, gh = (g.tl, g.th) if k == 0 else (g.il, g.ih)
             y_lo, y_hi = imul(*xh, gl, gh)
@@ -107,7 +113,7 @@ def layernorm_box(ctx: RuleCtx, x: Box, g: Box | None, b: Box | None, eps: float
     if g is not None:
         gh_lo, gh_hi = torch.minimum(g.tl, g.il), torch.maximum(g.th, g.ih)
         j_lo, j_hi = imul(j_lo, j_hi, gh_lo, gh_hi)
-        xi_lo, xi_hi = _norm_parts(x.il, x.ih, eps)[3]
+        xi_lo, xi_hi = xhs[1]
         e_lo, e_hi = imul(xi_lo, xi_hi, g.dl, g.dh)  # x_hat_i (g_i - g_t)
         j_lo, j_hi = j_lo + e_lo, j_hi + e_hi
     if b is not None:
@@ -128,7 +134,7 @@ def layer_norm(ctx: RuleCtx, x, scale=None, bias=None) -> Box:
     eps = float(ctx.attr("epsilon", 1e-5))
     lead = shape[:axis]
     flat = xb.map(lambda t: t.reshape(*lead, -1))
-    g = ctx.lift(scale).map(lambda t: t.expand(shape[axis:]).reshape(-1)) if scale is not None else None
-    b = ctx.lift(bias).map(lambda t: t.expand(shape[axis:]).reshape(-1)) if bias is not None else None
+    g = cache.lift(ctx, scale).map(lambda t: t.expand(shape[axis:]).reshape(-1)) if scale is not None else None
+    b = cache.lift(ctx, bias).map(lambda t: t.expand(shape[axis:]).reshape(-1)) if bias is not None else None
     y = layernorm_box(ctx, flat, g, b, eps)
     return y.map(lambda t: t.reshape(shape))

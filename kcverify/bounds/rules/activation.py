@@ -19,16 +19,24 @@ import math
 
 import torch
 
-from kcverify.bounds.box import Box, imul, mag, meet_hi, meet_lo, pad_hi, pad_lo
+from kcverify.bounds.box import U64, Box, imul, mag, meet_hi, meet_lo, pad_hi, pad_lo
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
 
-X_STAR = {"none": -0.7517940, "tanh": -0.7524600}
-F_MIN = {"none": -0.16997120747858177, "tanh": -0.17004075057081883}
-D_AT = {"none": 1.414215, "tanh": 1.418499}
-D_MIN = {"none": -0.12890414518989493, "tanh": -0.12899306865354018}
-D_MAX = {"none": 1.1289041452108561, "tanh": 1.128993068672044}
-WINDOW = 0.01
+# located extremes (mpmath, 50 digits; each constant within 1e-16 of the true value): the
+# minimum of f at X_STAR, the extremes of f' at -+D_AT (sqrt 2 for the erf form)
+X_STAR = {"none": -0.7517915246935645, "tanh": -0.7524614220710163}
+F_MIN = {"none": -0.16997120747990366, "tanh": -0.17004075057125405}
+D_AT = {"none": 1.4142135623730951, "tanh": 1.4185040087908284}
+D_MIN = {"none": -0.12890414518515479, "tanh": -0.12899306865877176}
+D_MAX = {"none": 1.1289041451851548, "tanh": 1.1289930686587718}
+WINDOW = 1e-12  # > the constants' error: an interval this close to an extreme may hold it
 C_TANH = math.sqrt(2 / math.pi)
+# float64 evaluation error of gelu_f / gelu_df, relative to the magnitudes involved: with erf,
+# tanh, exp within k ulps (2ku) of the true value, |fl(f) - f| <= (k + 1.5) U |x| + U |f| for the
+# erf form (1 + erf cancels for negative x, so the error scales with |x|, not |f|) and
+# (k + 2.6) U |x| + U |f| for the tanh form; |fl(f') - f'| <= (k + 1.5) U + ... for the erf form
+# and grows like |x|^3 U for the tanh form (1 - t^2 cancels). EVAL_PAD = 16 U covers k <= 8.
+EVAL_PAD = 16 * U64
 
 
 def _relu_d(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,25 +82,33 @@ def gelu_df(x: torch.Tensor, form: str) -> torch.Tensor:
 
 
 def gelu_range(lo: torch.Tensor, hi: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Enclosure of f([lo, hi]) (quasi-convex f)."""
+    """Enclosure of f([lo, hi]) (quasi-convex f), padded by the float64 evaluation error."""
     f_lo, f_hi = gelu_f(lo, form), gelu_f(hi, form)
     xs = X_STAR[form]
     left = hi <= xs - WINDOW
     right = lo >= xs + WINDOW
-    low = torch.where(left, f_hi, torch.where(right, f_lo, torch.full_like(lo, F_MIN[form] - 1e-6)))
-    return pad_lo(low, 1e-13) - 1e-300, pad_hi(torch.maximum(f_lo, f_hi), 1e-13) + 1e-300
+    low = torch.where(left, f_hi, torch.where(right, f_lo, F_MIN[form]))
+    high = torch.maximum(f_lo, f_hi)
+    x_mag = mag(lo, hi)
+    low = low - EVAL_PAD * (x_mag + low.abs())
+    high = high + EVAL_PAD * (x_mag + high.abs())
+    return pad_lo(low) - 1e-300, pad_hi(high) + 1e-300
 
 
 def gelu_drange(lo: torch.Tensor, hi: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Enclosure of f'([lo, hi]): f' is monotone between its extremes at -+D_AT."""
+    """Enclosure of f'([lo, hi]): f' is monotone between its extremes at -+D_AT; padded by the
+    float64 evaluation error (see EVAL_PAD)."""
     d_lo, d_hi = gelu_df(lo, form), gelu_df(hi, form)
     g_lo, g_hi = torch.minimum(d_lo, d_hi), torch.maximum(d_lo, d_hi)
     at = D_AT[form]
     has_max = (lo <= at + WINDOW) & (hi >= at - WINDOW)
     has_min = (lo <= -at + WINDOW) & (hi >= -at - WINDOW)
-    g_hi = torch.where(has_max, torch.full_like(g_hi, D_MAX[form] + 1e-6), g_hi)
-    g_lo = torch.where(has_min, torch.full_like(g_lo, D_MIN[form] - 1e-6), g_lo)
-    return g_lo - 1e-12, g_hi + 1e-12
+    g_hi = torch.where(has_max, D_MAX[form], g_hi)
+    g_lo = torch.where(has_min, D_MIN[form], g_lo)
+    scale = 1.0 + mag(lo, hi) * (1 + 0.134 * mag(lo, hi) ** 2) if form == "tanh" else 1.0
+    g_lo = g_lo - EVAL_PAD * (scale + g_lo.abs())
+    g_hi = g_hi + EVAL_PAD * (scale + g_hi.abs())
+    return pad_lo(g_lo), pad_hi(g_hi)
 
 
 def gelu_box(ctx: RuleCtx, x: Box, form: str) -> Box:

@@ -1,0 +1,900 @@
+"""The differential zonotope domain: affine forms over shared error symbols, for both kernels.
+
+Each float tensor carries, per kernel k (train, inf), a form
+
+    x_k = c_k + sum_s G_k[s] * eps_s + e_k,     eps_s in [-1, 1],  |e_k| <= r_k (elementwise),
+
+where the symbols eps_s are shared by both kernels and by every tensor of the block: a symbol is
+one rounding error (or one input coordinate) wherever it flows, so its contributions keep their
+signs through LayerNorm, softmax, attention and the next linear layer instead of being added in
+absolute value at every step (the wrapping that makes intervals vacuous on transformers). The
+drift is the difference of the two forms, (c_i - c_t) + (G_i - G_t) eps +- (r_i + r_t), so what
+both kernels share cancels exactly.
+
+Rules follow one pattern: the op's exact real map is applied to the forms (affine ops exactly;
+products and smooth nonlinearities by a first-order expansion at the centre plus a remainder
+bounded over the tensor's box, DeepZ / DeepT style), and the kernel's own error for the op
+(DESIGN 1.1, the same error bounds the interval rules use) is added to ``r``. ``r`` is the part
+without symbols; before an op that mixes elements (a matmul, a normalisation, a reduction) it is
+turned into fresh symbols, one per element, so rounding errors keep their signs from there on.
+When the number of symbols passes ``k_max`` the least significant ones (by total magnitude over
+the live tensors) are folded into ``r`` (order reduction; sound: |g eps| <= |g|).
+
+This domain runs beside the interval domain (engine.run_graph's ``zono``): every node is first
+bounded by its interval rule; the zonotope rule reads the input boxes (the interval result met
+with the forms' concretization) for its relaxations, and the node's box is then met with the
+concretization of the new forms (the reduced product). Forms never leave a block: a block's
+inputs start as fresh symbols spanning their stored boxes, so ``bound_block`` is still a function
+of the stored in_state alone and the checker's re-run derives the same forms.
+
+The verifier's own arithmetic: every form operation adds its float64 rounding error to ``r``
+(``fp_err``: a few units of 2^-53 times |c| + sum |G| per elementwise op, (n + 4) 2^-53 |A||B| for
+dot products), and concretizations are rounded outward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kcverify.bounds.box import Box, Concrete, mag, pad_hi, pad_lo
+from kcverify.bounds.registry import RuleCtx
+from kcverify.kernels.formats import gamma
+from kcverify.kernels.spec import KernelSpec
+
+U64 = 2.0**-53
+TINY = 2.0**-1000
+F64 = torch.float64
+K_MAX = 16384           # symbols one form may keep (order reduction beyond)
+ELEMENT_BUDGET = 2**24  # and at most this many generator entries (k * numel) per form
+SYMBOLIZE_REL = 0.0     # r becomes symbols where r > SYMBOLIZE_REL * radius
+
+
+# --- forms ----------------------------------------------------------------------------------
+NO_IDS = torch.zeros(0, dtype=torch.int64)
+
+
+@dataclass
+class Form:
+    """c + sum_s G[s] eps_{ids[s]} + [-r, r]: one kernel's value set. G has the symbol axis
+    first; ``ids`` (sorted, distinct) names the symbols its rows belong to."""
+
+    c: torch.Tensor
+    G: torch.Tensor
+    r: torch.Tensor
+    ids: torch.Tensor
+
+    @property
+    def k(self) -> int:
+        return int(self.G.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.c.shape)
+
+    def like(self, c: torch.Tensor, G: torch.Tensor, r: torch.Tensor) -> Form:
+        """A form over the same symbols."""
+        return Form(c, G, r, self.ids)
+
+    def gsum(self) -> torch.Tensor:
+        """Upper bound of sum_s |G[s]| (float64 sum error included)."""
+        if self.k == 0:
+            return torch.zeros_like(self.c)
+        s = self.G.abs().sum(0)
+        return s * (1 + (self.k + 2) * U64) + TINY
+
+    def rad(self) -> torch.Tensor:
+        return pad_hi(self.gsum() + self.r)
+
+    def bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Concretization; a non-finite centre is an exact infinity (a masked entry)."""
+        rad = self.rad()
+        fin = torch.isfinite(self.c)
+        return (torch.where(fin, pad_lo(self.c - rad), self.c),
+                torch.where(fin, pad_hi(self.c + rad), self.c))
+
+    def view(self, rank: int) -> Form:
+        """Leading singleton axes so that the tensor has ``rank`` axes (numpy broadcasting)."""
+        extra = rank - self.c.dim()
+        if extra <= 0:
+            return self
+        shape = (1,) * extra + self.shape
+        return self.like(self.c.reshape(shape), self.G.reshape(self.k, *shape), self.r.reshape(shape))
+
+    def cap(self, m: int) -> Form:
+        """At most m symbols: the rows of least total magnitude are folded into r (sound:
+        |g eps| <= |g|; other tensors may keep those symbols)."""
+        if self.k <= m:
+            return self
+        score = self.G.abs().reshape(self.k, -1).sum(1)
+        keep = torch.sort(torch.topk(score, m).indices).values
+        drop = torch.ones(self.k, dtype=torch.bool, device=self.G.device)
+        drop[keep] = False
+        extra = self.G[drop].abs().sum(0) * (1 + (self.k + 2) * U64)
+        return Form(self.c, self.G[keep], pad_hi(self.r + extra) + TINY, self.ids[keep.to(self.ids.device)])
+
+
+def const_form(v: torch.Tensor, r: torch.Tensor | None = None) -> Form:
+    v = v.to(F64)
+    return Form(v, torch.zeros((0, *v.shape), dtype=F64, device=v.device),
+                torch.zeros_like(v) if r is None else r, NO_IDS)
+
+
+def align(forms: list[Form]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The forms' G over the union of their symbols (zero rows where a form lacks one)."""
+    ref = forms[0].ids
+    if all(f.ids is ref or (f.k == ref.numel() and bool(torch.equal(f.ids, ref))) for f in forms):
+        return [f.G for f in forms], ref
+    u = torch.unique(torch.cat([f.ids for f in forms]))
+    out = []
+    for f in forms:
+        if f.k == u.numel():
+            out.append(f.G)
+            continue
+        g = torch.zeros((u.numel(), *f.shape), dtype=F64, device=f.c.device)
+        if f.k:
+            g[torch.searchsorted(u, f.ids).to(g.device)] = f.G
+        out.append(g)
+    return out, u
+
+
+@dataclass
+class ZState:
+    """Both kernels' forms of one tensor (symbols shared)."""
+
+    t: Form
+    i: Form
+
+    def forms(self) -> tuple[Form, Form]:
+        return self.t, self.i
+
+    def drift_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.i.c - self.t.c
+        (gt, gi), u = align([self.t, self.i])
+        k = u.numel()
+        if k:
+            g = (gi - gt).abs().sum(0) * (1 + (k + 2) * U64)
+        else:
+            g = torch.zeros_like(c)
+        fin = torch.isfinite(self.t.c) & torch.isfinite(self.i.c)
+        both = (self.t.c == self.i.c) & ~fin  # the same infinity: no drift
+        mags = torch.where(fin, self.i.c.abs() + self.t.c.abs(), torch.zeros_like(c))
+        rad = pad_hi(g + self.t.r + self.i.r + 2 * U64 * mags + TINY)
+        c = torch.where(both, torch.zeros_like(c), c)
+        rad = torch.where(both, torch.zeros_like(rad), rad)
+        return pad_lo(c - rad), pad_hi(c + rad)
+
+
+def fp_err(f: Form, mult: float) -> Form:
+    """Add the float64 error of an elementwise form operation (mult units of 2^-53 relative)."""
+    m = torch.where(torch.isfinite(f.c), f.c.abs(), torch.zeros_like(f.c))
+    return f.like(f.c, f.G, f.r + pad_hi(mult * U64 * (m + f.gsum()) + TINY))
+
+
+def f_add(a: Form, b: Form, sign: float = 1.0) -> Form:
+    rank = max(a.c.dim(), b.c.dim())
+    a, b = a.view(rank), b.view(rank)
+    (ga, gb), u = align([a, b])
+    return fp_err(Form(a.c + sign * b.c, ga + sign * gb, a.r + b.r, u), 4)
+
+
+def f_scale(a: Form, s: torch.Tensor) -> Form:
+    """a * s for an exact constant s (broadcast)."""
+    s = s.to(F64)
+    rank = max(a.c.dim(), s.dim())
+    a = a.view(rank)
+    return fp_err(a.like(a.c * s, a.G * s, a.r * s.abs()), 4)
+
+
+def f_shift(a: Form, s: torch.Tensor) -> Form:
+    s = s.to(F64)
+    rank = max(a.c.dim(), s.dim())
+    a = a.view(rank)
+    return fp_err(a.like(a.c + s, a.G + torch.zeros_like(s), a.r + torch.zeros_like(s)), 4)
+
+
+def f_mul(a: Form, b: Form) -> Form:
+    """Elementwise product: ca cb + (ca Gb + cb Ga) eps + |ca| rb + |cb| ra + rad_a rad_b."""
+    rank = max(a.c.dim(), b.c.dim())
+    a, b = a.view(rank), b.view(rank)
+    (ga, gb), u = align([a, b])
+    c = a.c * b.c
+    G = ga * b.c + a.c * gb
+    r = a.c.abs() * b.r + b.c.abs() * a.r + a.rad() * b.rad()
+    return fp_err(Form(c, G, pad_hi(r), u), 8)
+
+
+def f_matmul(a: Form, b: Form) -> Form:
+    """Matrix product of two forms (numpy.matmul broadcasting, both at least 2-D)."""
+    rank = max(a.c.dim(), b.c.dim())
+    a, b = a.view(rank), b.view(rank)
+    n = a.c.shape[-1]
+    c = a.c @ b.c
+    ga = a.like(c, (a.G @ b.c) if a.k else torch.zeros((0, *c.shape), dtype=F64, device=c.device), c)
+    gb = b.like(c, (a.c @ b.G) if b.k else torch.zeros((0, *c.shape), dtype=F64, device=c.device), c)
+    (g1, g2), u = align([ga, gb])
+    ra, rb = a.rad(), b.rad()
+    r = a.c.abs() @ b.r + a.r @ b.c.abs() + ra @ rb
+    fp = (n + 6) * U64 * ((a.c.abs() + a.gsum()) @ (b.c.abs() + b.gsum()))
+    return Form(c, g1 + g2, (r + fp) * (1 + (n + 6) * U64) + TINY, u)
+
+
+def f_matmul_const(a: Form, w: torch.Tensor, left: bool = False) -> Form:
+    """a @ w (or w @ a when ``left``) for an exact constant w."""
+    w = w.to(F64)
+    n = w.shape[-2] if not left else w.shape[-1]
+    if left:
+        c = w @ a.c
+        G = w @ a.G if a.k else a.G.new_zeros((0, *c.shape))
+        r = w.abs() @ a.r
+        fp = w.abs() @ (a.c.abs() + a.gsum())
+    else:
+        c = a.c @ w
+        G = a.G @ w if a.k else a.G.new_zeros((0, *c.shape))
+        r = a.r @ w.abs()
+        fp = (a.c.abs() + a.gsum()) @ w.abs()
+    return a.like(c, G, (r + (n + 6) * U64 * fp) * (1 + (n + 6) * U64) + TINY)
+
+
+def f_sum(a: Form, dim: int, keepdim: bool = True) -> Form:
+    d = dim % a.c.dim()
+    n = a.c.shape[d]
+    c = a.c.sum(d, keepdim=keepdim)
+    G = a.G.sum(d + 1, keepdim=keepdim)
+    r = a.r.sum(d, keepdim=keepdim)
+    fp = (n + 4) * U64 * (a.c.abs() + a.gsum()).sum(d, keepdim=keepdim)
+    return a.like(c, G, (r + fp) * (1 + (n + 6) * U64) + TINY)
+
+
+def f_select(cond: torch.Tensor, a: Form, b: Form) -> Form:
+    rank = max(a.c.dim(), b.c.dim(), cond.dim())
+    a, b = a.view(rank), b.view(rank)
+    (ga, gb), u = align([a, b])
+    return Form(torch.where(cond, a.c, b.c), torch.where(cond, ga, gb), torch.where(cond, a.r, b.r), u)
+
+
+def f_smooth(a: Form, lo: torch.Tensor, hi: torch.Tensor, f: Callable, df: Callable,
+             df_range: Callable) -> Form | None:
+    """f(x) = f(c) + f'(c)(x - c) + R, |R| <= max |f'(hull) - f'(c)| * max |x - c| (mean-value
+    theorem over the hull of [lo, hi] and c). None when the expansion is not finite."""
+    c = a.c
+    f0 = f(c)
+    lam = df(c)
+    h_lo, h_hi = torch.minimum(lo, c), torch.maximum(hi, c)
+    g_lo, g_hi = df_range(h_lo, h_hi)
+    g_lo = pad_lo(g_lo, 64 * U64) - TINY
+    g_hi = pad_hi(g_hi, 64 * U64) + TINY
+    dev = pad_hi(torch.maximum(g_hi - lam, lam - g_lo).clamp_min(0.0))
+    w = pad_hi(torch.maximum(hi - c, c - lo).clamp_min(0.0))
+    R = pad_hi(dev * w)
+    if not (bool(torch.isfinite(f0).all()) and bool(torch.isfinite(lam).all())
+            and bool(torch.isfinite(R).all())):
+        return None
+    out = a.like(f0, a.G * lam, pad_hi(lam.abs() * a.r + R + 64 * U64 * f0.abs() + TINY))
+    return fp_err(out, 4)
+
+
+# --- the tracker ------------------------------------------------------------------------------
+def _box_part(b: Box, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return (b.tl, b.th) if k == 0 else (b.il, b.ih)
+
+
+class ZonoTrack:
+    """The forms of the live tensors of one block run, and the symbol counter."""
+
+    def __init__(self, k_max: int | None = None) -> None:
+        self.forms: dict[str, ZState] = {}
+        self.k = 0
+        self.k_max = k_max or K_MAX
+
+    # symbols
+    def cap_for(self, f: Form) -> int:
+        """Symbols one form may keep: the block's k_max, and at most ELEMENT_BUDGET entries."""
+        return max(64, min(self.k_max, ELEMENT_BUDGET // max(1, f.c.numel())))
+
+    def fresh(self, f: Form, rel: float = 0.0) -> Form:
+        """Turn r into new symbols, one per element, where r > rel * (r + sum |G|)."""
+        m = f.r > 0
+        if rel > 0:
+            m = m & (f.r > rel * (f.r + f.gsum()))
+        idx = torch.nonzero(m.reshape(-1)).reshape(-1)
+        if idx.numel() == 0:
+            return f
+        numel = f.c.numel()
+        g_new = torch.zeros((idx.numel(), numel), dtype=F64, device=f.c.device)
+        g_new[torch.arange(idx.numel(), device=f.c.device), idx] = f.r.reshape(-1)[idx]
+        G = torch.cat([f.G, g_new.reshape(idx.numel(), *f.shape)], 0)
+        ids = torch.cat([f.ids, torch.arange(self.k, self.k + idx.numel(), dtype=torch.int64)])
+        self.k += idx.numel()
+        r = torch.where(m, torch.zeros_like(f.r), f.r)
+        return Form(f.c, G, r, ids).cap(self.cap_for(f))
+
+    def symbolize(self, z: ZState, rel: float = SYMBOLIZE_REL) -> ZState:
+        """Fresh symbols for both kernels' r (before an op that mixes elements)."""
+        return ZState(self.fresh(z.t, rel), self.fresh(z.i, rel))
+
+    def from_box(self, b: Box) -> ZState:
+        """Forms spanning a box: train = mid + diag(hw) eps (symbols), inf = train + drift box;
+        the inference box itself is used where it is narrower than train + drift."""
+        mid_t = 0.5 * b.tl + 0.5 * b.th
+        hw_t = pad_hi(torch.maximum(b.th - mid_t, mid_t - b.tl).clamp_min(0.0))
+        fin = torch.isfinite(b.tl) & torch.isfinite(b.th) & torch.isfinite(b.il) & torch.isfinite(b.ih)
+        fin = fin & torch.isfinite(b.dl) & torch.isfinite(b.dh)
+        exact_inf = (b.tl == b.th) & (b.il == b.ih) & (b.tl == b.il) & ~torch.isfinite(b.tl)
+        if not bool((fin | exact_inf).all()):
+            raise _NoForm
+        if bool(exact_inf.any()):  # masked entries: the same infinity in every program
+            zero = torch.zeros_like(b.tl)
+            inf_val = torch.where(exact_inf, b.tl, zero)
+            b = Box(*(torch.where(exact_inf, zero, p) for p in b.parts()))
+            z = self.from_box(b)
+            return ZState(*(f.like(torch.where(exact_inf, inf_val, f.c), f.G, f.r) for f in z.forms()))
+        t = self.fresh(const_form(mid_t, hw_t))
+        mid_d = 0.5 * b.dl + 0.5 * b.dh
+        hw_d = pad_hi(torch.maximum(b.dh - mid_d, mid_d - b.dl).clamp_min(0.0))
+        # inf = train + drift, or its own box (no correlation) where that is narrower
+        mid_i = 0.5 * b.il + 0.5 * b.ih
+        hw_i = pad_hi(torch.maximum(b.ih - mid_i, mid_i - b.il).clamp_min(0.0))
+        use_own = hw_i <= hw_d
+        c_i = torch.where(use_own, mid_i, mid_t + mid_d)
+        G_i = torch.where(use_own, torch.zeros_like(t.G), t.G)
+        r_i = torch.where(use_own, hw_i, pad_hi(hw_d + 2 * U64 * (mid_t.abs() + mid_d.abs()) + TINY))
+        return ZState(t, t.like(c_i, G_i, r_i))
+
+    def state_of(self, name: str, x: Any, ctx: RuleCtx) -> ZState | Concrete | None:
+        """The forms of an input (cached by tensor name so that every consumer shares them),
+        a Concrete for exact non-float values, None for an omitted input."""
+        if x is None:
+            return None
+        if name in self.forms:
+            return self.forms[name]
+        if isinstance(x, Concrete):
+            if not x.value.is_floating_point():
+                return x
+            b = ctx.lift(x)
+            if (bool((b.tl == b.th).all()) and bool((b.il == b.ih).all())
+                    and bool((b.tl == b.il).all())):
+                return x  # exact in both kernels: a constant
+            z = self.from_box(b)
+            return z
+        z = self.from_box(x)
+        self.forms[name] = z
+        return z
+
+    def drop(self, name: str) -> None:
+        self.forms.pop(name, None)
+
+    def step(self, n: Any, names: list[str], ins: list, results: tuple, ctx: RuleCtx) -> tuple:
+        """Run the node's zonotope rule and meet its boxes with the forms."""
+        rule = ZRULES.get(n.op_type)
+        if rule is None:
+            return results
+        if not any(isinstance(r, Box) for r in results):
+            return results
+        try:
+            states = [self.state_of(nm, x, ctx) if nm else None for nm, x in zip(names, ins)]
+            if not any(isinstance(s, ZState) for s in states):
+                return results
+            boxes = [x if isinstance(x, Box) else None for x in ins]
+            outs = rule(self, ctx, states, boxes, results)
+        except _NoForm:
+            return results
+        if outs is None:
+            return results
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        tightened = []
+        for o_name, res, z in zip(n.outputs, results, outs):
+            if z is None or not isinstance(res, Box) or not o_name:
+                tightened.append(res)
+                continue
+            if tuple(z.t.shape) != tuple(res.shape) or tuple(z.i.shape) != tuple(res.shape):
+                raise AssertionError(f"zonotope rule {n.op_type}: shape {z.t.shape} != {res.shape}")
+            z = _sanitize(z, res)
+            if z is None:
+                tightened.append(res)
+                continue
+            z = ZState(z.t.cap(self.cap_for(z.t)), z.i.cap(self.cap_for(z.i)))
+            self.forms[o_name] = z
+            tightened.append(meet(res, z))
+        return tuple(tightened)
+
+
+def _sanitize(z: ZState, b: Box) -> ZState | None:
+    """Non-finite centres are allowed only where the box says the value is exactly that
+    infinity in both kernels (masked entries); there the form is that constant."""
+    out = []
+    for k, f in enumerate(z.forms()):
+        nonfin = ~torch.isfinite(f.c) | ~torch.isfinite(f.r)
+        if not bool(nonfin.any()):
+            out.append(f)
+            continue
+        lo, hi = _box_part(b, k)
+        if not bool(((lo == f.c) & (hi == f.c))[nonfin].all()):
+            return None
+        G = torch.where(nonfin, torch.zeros_like(f.G), f.G) if f.k else f.G
+        out.append(f.like(f.c, G, torch.where(nonfin, torch.zeros_like(f.r), f.r)))
+    return ZState(*out)
+
+
+class _NoForm(Exception):
+    """An input cannot be written as a form (an infinite bound): the node keeps its box."""
+
+
+def meet(b: Box, z: ZState) -> Box:
+    """The box met with the forms' concretization (never empty: both enclose the same set;
+    if rounding made them disjoint, the box is kept)."""
+    tl, th = z.t.bounds()
+    il, ih = z.i.bounds()
+    dl, dh = z.drift_bounds()
+    out = []
+    for lo, hi, flo, fhi in ((b.tl, b.th, tl, th), (b.il, b.ih, il, ih), (b.dl, b.dh, dl, dh)):
+        nlo, nhi = torch.maximum(lo, flo), torch.minimum(hi, fhi)
+        ok = (nlo <= nhi) & torch.isfinite(flo) & torch.isfinite(fhi)
+        out += [torch.where(ok, nlo, lo), torch.where(ok, nhi, hi)]
+    return Box(*out)
+
+
+def in_bounds(z: ZState, b: Box | None, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel k's value bounds: the form's concretization met with the box when there is one."""
+    f = z.t if k == 0 else z.i
+    lo, hi = f.bounds()
+    if b is not None:
+        blo, bhi = _box_part(b, k)
+        if tuple(blo.shape) == tuple(lo.shape):
+            nlo, nhi = torch.maximum(lo, blo), torch.minimum(hi, bhi)
+            ok = nlo <= nhi
+            lo, hi = torch.where(ok, nlo, lo), torch.where(ok, nhi, hi)
+    return lo, hi
+
+
+# --- rules --------------------------------------------------------------------------------------
+ZRule = Callable[..., Any]
+ZRULES: dict[str, ZRule] = {}
+
+
+def zrule(*ops: str) -> Callable[[ZRule], ZRule]:
+    def deco(fn: ZRule) -> ZRule:
+        for op in ops:
+            ZRULES[op] = fn
+        return fn
+    return deco
+
+
+def _as_z(x: Any, ctx: RuleCtx) -> ZState:
+    if isinstance(x, ZState):
+        return x
+    v = x.value.to(ctx.device, F64)
+    return ZState(const_form(v), const_form(v))
+
+
+def _add_err(f: Form, err: torch.Tensor) -> Form:
+    err = torch.where(torch.isfinite(err), err, torch.full_like(err, float("inf")))
+    if not bool(torch.isfinite(err).all()):
+        raise _NoForm
+    return f.like(f.c, f.G, pad_hi(f.r + err) + TINY)
+
+
+def _round(ctx: RuleCtx, spec: KernelSpec, prim: str | None, f: Form, steps: int = 1) -> Form:
+    """The kernel's rounding of an exact result: |err| <= r|v| + eta per step (ctx.round)."""
+    if prim is None:
+        return f
+    lo, hi = f.bounds()
+    _, _, err = ctx.round(spec, prim, lo, hi, steps)
+    return _add_err(f, err)
+
+
+def _movement(op: str) -> ZRule:
+    from kcverify.bounds.rules.shape import MOVEMENT
+
+    fn = MOVEMENT[op]
+
+    def rule(zt: ZonoTrack, ctx: RuleCtx, states: list, boxes: list, results: tuple):
+        x = states[0]
+        if not isinstance(x, ZState):
+            return None
+        others = [s.value if isinstance(s, Concrete) else None for s in states[1:]]
+        if any(isinstance(s, ZState) for s in states[1:]):
+            return None
+
+        def apply(f: Form):
+            c = fn(ctx.node, ctx.opset, f.c, *others)
+            r = fn(ctx.node, ctx.opset, f.r, *others)
+            if f.k:
+                G = torch.vmap(lambda g: fn(ctx.node, ctx.opset, g, *others))(f.G)
+            else:
+                G = None
+            if isinstance(c, tuple):
+                return [f.like(cj.contiguous(),
+                             (G[j].contiguous() if G is not None
+                              else torch.zeros((0, *cj.shape), dtype=F64, device=cj.device)),
+                             rj.contiguous()) for j, (cj, rj) in enumerate(zip(c, r))]
+            return f.like(c.contiguous(), (G.contiguous() if G is not None
+                                         else torch.zeros((0, *c.shape), dtype=F64, device=c.device)),
+                        r.contiguous())
+        t, i = apply(x.t), apply(x.i)
+        if isinstance(t, list):
+            return tuple(ZState(a, b) for a, b in zip(t, i))
+        return ZState(t, i)
+    return rule
+
+
+def _register_movement() -> None:
+    from kcverify.bounds.rules.shape import MOVEMENT
+
+    for op in MOVEMENT:
+        if op != "Trilu":
+            ZRULES[op] = _movement(op)
+
+
+_register_movement()
+
+
+@zrule("Cast")
+def _cast(zt, ctx, states, boxes, results):
+    x = states[0]
+    return x if isinstance(x, ZState) else None
+
+
+@zrule("Gather")
+def _gather(zt, ctx, states, boxes, results):
+    from kcverify.bounds.rules.shape import _gather as g
+
+    x, idx = states
+    if not isinstance(x, ZState) or not isinstance(idx, Concrete):
+        return None
+
+    def apply(f: Form) -> Form:
+        G = (torch.vmap(lambda a: g(ctx.node, ctx.opset, a, idx.value))(f.G) if f.k else None)
+        c = g(ctx.node, ctx.opset, f.c, idx.value)
+        return f.like(c, G if G is not None else torch.zeros((0, *c.shape), dtype=F64, device=c.device),
+                    g(ctx.node, ctx.opset, f.r, idx.value))
+    return ZState(apply(x.t), apply(x.i))
+
+
+@zrule("Concat")
+def _concat(zt, ctx, states, boxes, results):
+    zs = [_as_z(s, ctx) for s in states if s is not None]
+    rank = zs[0].t.c.dim()
+    axis = int(ctx.attr("axis", 0)) % rank
+    out = []
+    for k in range(2):
+        fs = [z.forms()[k] for z in zs]
+        gs, u = align(fs)
+        out.append(Form(torch.cat([f.c for f in fs], axis), torch.cat(gs, axis + 1),
+                        torch.cat([f.r for f in fs], axis), u))
+    return ZState(*out)
+
+
+@zrule("Where")
+def _where(zt, ctx, states, boxes, results):
+    cond, x, y = states
+    if not isinstance(cond, Concrete):
+        return None
+    c = cond.value.to(torch.bool).to(ctx.device)
+    x, y = _as_z(x, ctx), _as_z(y, ctx)
+    if not all(bool(torch.isfinite(f.c).all()) for f in (*x.forms(), *y.forms())):
+        return None
+    return ZState(f_select(c, x.t, y.t), f_select(c, x.i, y.i))
+
+
+def _binary(kind: str) -> ZRule:
+    def rule(zt, ctx, states, boxes, results):
+        a, b = states
+        out = []
+        for k, spec in enumerate(ctx.kernels):
+            if kind in ("Add", "Sub"):
+                fa, fb = _as_z(a, ctx).forms()[k], _as_z(b, ctx).forms()[k]
+                f = f_add(fa, fb, 1.0 if kind == "Add" else -1.0)
+                out.append(_round(ctx, spec, "add", f))
+            elif kind == "Mul":
+                if isinstance(b, Concrete):
+                    f = f_scale(a.forms()[k], b.value)
+                elif isinstance(a, Concrete):
+                    f = f_scale(b.forms()[k], a.value)
+                else:
+                    f = f_mul(a.forms()[k], b.forms()[k])
+                out.append(_round(ctx, spec, "mul", f))
+            else:  # Div
+                if isinstance(b, Concrete):
+                    if not bool((b.value != 0).all()):
+                        return None
+                    f = f_scale(_as_z(a, ctx).forms()[k], 1.0 / b.value.to(F64))
+                    f = fp_err(f, 4)  # 1/b rounded
+                else:
+                    lo, hi = in_bounds(b, boxes[1], k)
+                    pos, neg = bool((lo > 0).all()), bool((hi < 0).all())
+                    if not (pos or neg):
+                        return None
+                    inv = f_smooth(b.forms()[k], lo, hi, lambda x: 1.0 / x, lambda x: -1.0 / (x * x),
+                                   _inv_drange)
+                    if inv is None:
+                        return None
+                    f = f_mul(_as_z(a, ctx).forms()[k], inv)
+                out.append(_round(ctx, spec, "div", f))
+        return ZState(*out)
+    return rule
+
+
+def _inv_drange(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-1/x^2 over [lo, hi] not containing 0."""
+    a, b = -1.0 / (lo * lo), -1.0 / (hi * hi)
+    return torch.minimum(a, b), torch.maximum(a, b)
+
+
+for _op in ("Add", "Sub", "Mul", "Div"):
+    ZRULES[_op] = _binary(_op)
+
+
+@zrule("Neg")
+def _neg(zt, ctx, states, boxes, results):
+    x = states[0]
+    return ZState(*(f.like(-f.c, -f.G, f.r) for f in x.forms()))
+
+
+# --- smooth unary ops ---------------------------------------------------------------------------
+def _unary(prim: str, f: Callable, df: Callable, df_range: Callable,
+           domain: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
+           err: Callable | None = None) -> ZRule:
+    def rule(zt, ctx, states, boxes, results):
+        x = states[0]
+        out = []
+        for k, spec in enumerate(ctx.kernels):
+            lo, hi = in_bounds(x, boxes[0], k)
+            if domain is not None and not domain(lo, hi):
+                return None
+            y = f_smooth(x.forms()[k], lo, hi, f, df, df_range)
+            if y is None:
+                return None
+            if err is not None:
+                y = _add_err(y, err(ctx, spec, lo, hi, y))
+            else:
+                y = _round(ctx, spec, prim, y)
+            out.append(y)
+        return ZState(*out)
+    return rule
+
+
+def _register_unary() -> None:
+    from kcverify.bounds.rules.elementwise import _erf_d, _exp_d, _sig_d, _sqrt_d, _tanh_d
+
+    ZRULES["Exp"] = _unary("exp", torch.exp, torch.exp, _exp_d)
+    ZRULES["Tanh"] = _unary("tanh", torch.tanh, lambda x: 1 - torch.tanh(x) ** 2, _tanh_d)
+    ZRULES["Erf"] = _unary("erf", torch.erf,
+                           lambda x: 2 / math.sqrt(math.pi) * torch.exp(-x * x), _erf_d)
+    ZRULES["Sigmoid"] = _unary("sigmoid", torch.sigmoid,
+                               lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)), _sig_d)
+    ZRULES["Sqrt"] = _unary("sqrt", torch.sqrt, lambda x: 0.5 / torch.sqrt(x), _sqrt_d,
+                            domain=lambda lo, hi: bool((lo > 0).all()))
+    ZRULES["Reciprocal"] = _unary("div", lambda x: 1.0 / x, lambda x: -1.0 / (x * x), _inv_drange,
+                                  domain=lambda lo, hi: bool((lo > 0).all()) or bool((hi < 0).all()))
+
+
+_register_unary()
+
+
+def _gelu_rule(zt, ctx, states, boxes, results):
+    from kcverify.bounds.rules.activation import gelu_df, gelu_drange, gelu_f
+
+    form = "tanh" if str(ctx.attr("approximate", "none")) == "tanh" else "none"
+    prim = "tanh" if form == "tanh" else "erf"
+    x = states[0]
+    out = []
+    for k, spec in enumerate(ctx.kernels):
+        lo, hi = in_bounds(x, boxes[0], k)
+        y = f_smooth(x.forms()[k], lo, hi, lambda v: gelu_f(v, form), lambda v: gelu_df(v, form),
+                     lambda a, b: gelu_drange(a, b, form))
+        if y is None:
+            return None
+        f_lo, f_hi = y.bounds()
+        u, eta = spec.compute.u, spec.compute.eta
+        cst = (7 + spec.ulp(prim)) if form == "tanh" else (5 + spec.ulp(prim))
+        err = pad_hi((0.5 * cst * mag(lo, hi) + 1.1 * mag(f_lo, f_hi)) * u + (mag(lo, hi) + 2) * eta,
+                     1e-6)
+        out.append(_add_err(y, err))
+    return ZState(*out)
+
+
+ZRULES["Gelu"] = _gelu_rule
+
+
+@zrule("Relu")
+def _relu(zt, ctx, states, boxes, results):
+    """DeepZ: stable neurons exact; unstable ones lam x + mu +- mu, lam = hi/(hi - lo)."""
+    x = states[0]
+    out = []
+    for k in range(2):
+        f = x.forms()[k]
+        lo, hi = in_bounds(x, boxes[0], k)
+        pos, neg = lo >= 0, hi <= 0
+        lam = torch.where(pos, torch.ones_like(lo), torch.where(neg, torch.zeros_like(lo),
+                                                                hi / (hi - lo)))
+        lam = torch.nan_to_num(lam, nan=0.0).clamp(0.0, 1.0)
+        unst = ~(pos | neg)
+        mu = torch.where(unst, pad_hi(-lam * lo / 2), torch.zeros_like(lo))
+        y = f.like(lam * f.c + mu, f.G * lam, pad_hi(lam * f.r + mu + 4 * U64 * (lam * f.c).abs()) + TINY)
+        out.append(fp_err(y, 4))
+    return ZState(*out)
+
+
+# --- matmul -------------------------------------------------------------------------------------
+def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Box | None,
+                  k: int, weight: bool, side: str, out_axis: int, k_axis: int
+                  ) -> tuple[Form | torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Kernel k's cast operand: a form (or an exact constant tensor), and its value bounds."""
+    from kcverify.bounds.rules.linear import _operand
+
+    if isinstance(s, Concrete):
+        lo = hi = s.value.to(ctx.device, F64)
+        q_lo, q_hi, _, _ = _operand(ctx, spec, s, lo, hi, weight, side, out_axis, k_axis)
+        if bool((q_lo == q_hi).all()):
+            return q_lo, q_lo, q_hi
+        mid = 0.5 * q_lo + 0.5 * q_hi
+        return const_form(mid, pad_hi(torch.maximum(q_hi - mid, mid - q_lo))), q_lo, q_hi
+    f = s.forms()[k]
+    lo, hi = in_bounds(s, box, k)
+    c_lo, c_hi, e_lo, e_hi = _operand(ctx, spec, box if box is not None else s, lo, hi, weight,
+                                      side, out_axis, k_axis)
+    if not (bool(torch.isfinite(c_lo).all()) and bool(torch.isfinite(c_hi).all())):
+        raise _NoForm
+    if bool((e_lo == 0).all()) and bool((e_hi == 0).all()):
+        return f, lo, hi
+    # per element: x + e (keeps the symbols) or the cast image alone (a near-point), the narrower
+    e_mid = 0.5 * e_lo + 0.5 * e_hi
+    e_hw = pad_hi(torch.maximum(e_hi - e_mid, e_mid - e_lo))
+    i_mid = 0.5 * c_lo + 0.5 * c_hi
+    i_hw = pad_hi(torch.maximum(c_hi - i_mid, i_mid - c_lo))
+    img = i_hw <= e_hw
+    c = torch.where(img, i_mid, f.c + e_mid)
+    G = torch.where(img, torch.zeros_like(f.G), f.G)
+    r = torch.where(img, i_hw, pad_hi(f.r + e_hw + 2 * U64 * (f.c.abs() + e_mid.abs())) + TINY)
+    return f.like(c, G, r), c_lo, c_hi
+
+
+def _matmul_rule(zt, ctx, states, boxes, results):
+    a, b = states
+    if any(isinstance(s, Concrete) and s.value.dim() < 2 for s in (a, b)):
+        return None
+    if any(isinstance(s, ZState) and s.t.c.dim() < 2 for s in (a, b)):
+        return None
+    aw, bw = ctx.node.inputs[0] in ctx.constants, ctx.node.inputs[1] in ctx.constants
+    a = zt.symbolize(a) if isinstance(a, ZState) else a
+    b = zt.symbolize(b) if isinstance(b, ZState) else b
+    out = []
+    for k, spec in enumerate(ctx.kernels):
+        fa, a_lo, a_hi = _cast_operand(zt, ctx, spec, a, boxes[0], k, aw, "left", -2, -1)
+        fb, b_lo, b_hi = _cast_operand(zt, ctx, spec, b, boxes[1], k, bw, "right", -1, -2)
+        if isinstance(fa, torch.Tensor) and isinstance(fb, torch.Tensor):
+            return None
+        # the cast errors as symbols: one straddled rounding moves a whole row/column together
+        fa = zt.fresh(fa) if isinstance(fa, Form) else fa
+        fb = zt.fresh(fb) if isinstance(fb, Form) else fb
+        if isinstance(fb, torch.Tensor):
+            y = f_matmul_const(fa, fb)
+        elif isinstance(fa, torch.Tensor):
+            y = f_matmul_const(fb, fa, left=True)
+        else:
+            y = f_matmul(fa, fb)
+        n = a_lo.shape[-1]
+        acc = gamma(n, spec.accumulate.u) * (mag(a_lo, a_hi) @ mag(b_lo, b_hi))
+        acc = pad_hi(acc * (1 + (n + 4) * U64)) + TINY
+        y = _add_err(y, acc)
+        y = _round(ctx, spec, "mul", y, steps=2)
+        out.append(y)
+    return ZState(*out)
+
+
+ZRULES["MatMul"] = _matmul_rule
+
+
+# --- normalisation ------------------------------------------------------------------------------
+def _rsqrt_drange(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """d/dv v^-1/2 = -v^-3/2 / 2, increasing on v > 0."""
+    return -0.5 * lo ** -1.5, -0.5 * hi ** -1.5
+
+
+@zrule("LayerNormalization")
+def _layernorm(zt, ctx, states, boxes, results):
+    from kcverify.bounds.rules.normalization import _norm_parts, _realized_err
+
+    x, scale, bias = (list(states) + [None, None])[:3]
+    if not isinstance(x, ZState):
+        return None
+    shape = x.t.shape
+    axis = int(ctx.attr("axis", -1)) % len(shape)
+    eps = float(ctx.attr("epsilon", 1e-5))
+    lead = shape[:axis]
+    x = zt.symbolize(x)
+    box = boxes[0]
+    out = []
+    for k, spec in enumerate(ctx.kernels):
+        f = x.forms()[k]
+        f = f.like(f.c.reshape(*lead, -1), f.G.reshape(f.k, *lead, -1), f.r.reshape(*lead, -1))
+        lo, hi = in_bounds(x, box, k)
+        lo, hi = lo.reshape(*lead, -1), hi.reshape(*lead, -1)
+        n = f.c.shape[-1]
+        mu = f_scale(f_sum(f, -1), torch.tensor(1.0 / n, dtype=F64))
+        xc = f_add(f, mu, -1.0)
+        v = f_scale(f_sum(f_mul(xc, xc), -1), torch.tensor(1.0 / n, dtype=F64))
+        c_p, r_p, v_p, _ = _norm_parts(lo, hi, eps)
+        v_lo, v_hi = v.bounds()
+        v_lo = torch.maximum(v_lo, v_p[0]).clamp_min(0.0) + eps
+        v_hi = torch.minimum(v_hi, v_p[1]) + eps
+        if not bool((v_lo > 0).all()) or not bool((v_lo <= v_hi).all()):
+            return None
+        ve = f_shift(v, torch.tensor(eps, dtype=F64))
+        rs = f_smooth(ve, pad_lo(v_lo), pad_hi(v_hi), lambda t: 1.0 / torch.sqrt(t),
+                      lambda t: -0.5 * t ** -1.5, _rsqrt_drange)
+        if rs is None:
+            return None
+        y = f_mul(xc, rs)
+        g_mag = torch.ones_like(lo)
+        for pos, s in ((1, scale), (2, bias)):
+            if s is None:
+                continue
+            sz = _as_z(s, ctx)
+            sf = sz.forms()[k]
+            nf = math.prod(shape[axis:])
+            sf = sf.like(sf.c.expand(shape[axis:]).reshape(nf),
+                      sf.G.expand(sf.k, *shape[axis:]).reshape(sf.k, nf),
+                      sf.r.expand(shape[axis:]).reshape(nf))
+            if pos == 1:
+                g_mag = (sf.c.abs() + sf.rad()).expand_as(lo)
+                y = f_scale(y, sf.c) if sf.k == 0 and not bool((sf.r > 0).any()) else f_mul(y, sf)
+            else:
+                y = f_add(y, sf)
+        y_lo, y_hi = y.bounds()
+        err = _realized_err(spec, lo, hi, c_p, r_p, v_p, eps, g_mag, mag(y_lo, y_hi))
+        y = _add_err(y, err)
+        out.append(y.like(y.c.reshape(shape), y.G.reshape(y.k, *shape), y.r.reshape(shape)))
+    return ZState(*out) if len(results) == 1 else (ZState(*out),) + (None,) * (len(results) - 1)
+
+
+@zrule("Softmax")
+def _softmax(zt, ctx, states, boxes, results):
+    from kcverify.bounds.rules.softmax import realized_error, softmax_range
+
+    x = states[0]
+    shape = x.t.shape
+    if ctx.opset < 13:
+        return None
+    axis = int(ctx.attr("axis", -1)) % len(shape)
+    if axis != len(shape) - 1:
+        return None
+    x = zt.symbolize(x)
+    box = boxes[0]
+    out = []
+    for k, spec in enumerate(ctx.kernels):
+        f = x.forms()[k]
+        lo, hi = in_bounds(x, box, k)
+        masked = ~torch.isfinite(f.c) | (hi < -1e30)
+        if bool((masked & ~(hi < -1e30)).any()):
+            return None
+        zero = const_form(torch.zeros_like(f.c))
+        fz = f_select(~masked, f, zero)
+        m = torch.where(masked, torch.full_like(f.c, -float("inf")), f.c).amax(-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        zf = f_shift(fz, -m)
+        z_lo, z_hi = torch.where(masked, zero.c, lo - m), torch.where(masked, zero.c, hi - m)
+        z_lo, z_hi = pad_lo(z_lo), pad_hi(z_hi)
+        e = f_smooth(zf, z_lo, z_hi, torch.exp, torch.exp, lambda a, b: (torch.exp(a), torch.exp(b)))
+        if e is None:
+            return None
+        e = f_select(~masked, e, zero)
+        s = f_sum(e, -1)
+        s_lo, s_hi = s.bounds()
+        if not bool((s_lo > 0).all()):
+            return None
+        inv = f_smooth(s, s_lo, s_hi, lambda t: 1.0 / t, lambda t: -1.0 / (t * t), _inv_drange)
+        if inv is None:
+            return None
+        p = f_mul(e, inv)
+        p_lo, p_hi, d_min = softmax_range(torch.where(masked, torch.full_like(lo, -float("inf")), lo),
+                                          torch.where(masked, torch.full_like(hi, -float("inf")), hi))
+        err = realized_error(spec, lo, hi, p_hi, d_min)
+        err = torch.where(masked, torch.zeros_like(err), err)
+        out.append(_add_err(p, err))
+    return ZState(*out)

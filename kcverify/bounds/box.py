@@ -69,6 +69,24 @@ def pad_hi(x: torch.Tensor, rel: float = REL_PAD) -> torch.Tensor:
     return torch.fmax(x, x + x.abs() * rel + ABS_PAD)
 
 
+def round_bounds(lo: torch.Tensor, hi: torch.Tensor, r: float, eta: float, max_finite: float,
+                 rel: float = 1e-15) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rounding model of RuleCtx.round on tensors: [lo, hi] widened by e(v) = r|v| + eta
+    (each end then padded by ``rel``), an infinite end unchanged, an end beyond +-max_finite
+    made infinite; and the error bound pad(r * mag + eta), 0 where not finite.
+
+    fmin/fmax keep an infinite end (whose widening is inf - inf) without a finiteness test."""
+    y_lo = lo - r * lo.abs() - eta
+    y_hi = hi + r * hi.abs() + eta
+    lo2 = torch.fmin(lo, y_lo - y_lo.abs() * rel - ABS_PAD)
+    hi2 = torch.fmax(hi, y_hi + y_hi.abs() * rel + ABS_PAD)
+    lo2 = torch.where(lo2 < -max_finite, -math.inf, lo2)
+    hi2 = torch.where(hi2 > max_finite, math.inf, hi2)
+    w = r * mag(lo, hi) + eta
+    err = torch.nan_to_num(w + w.abs() * rel + ABS_PAD, nan=0.0, posinf=0.0, neginf=0.0)
+    return lo2, hi2, err
+
+
 def nan_to(x: torch.Tensor, v: float) -> torch.Tensor:
     """Replace NaN (no information) by v; infinities stay (unlike torch.nan_to_num's default)."""
     return torch.nan_to_num(x, nan=v, posinf=math.inf, neginf=-math.inf)

@@ -13,7 +13,9 @@ larger than the decomposition's).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any
 
@@ -95,3 +97,30 @@ def _expand_node(n: Node, opset: int, has_rule: Callable[[Node], bool], depth: i
         out.extend(_expand_node(m, opset, has_rule, depth + 1))
     return out
 
+
+
+# --- per-graph memo ------------------------------------------------------------------------
+# Expansion and the rule check are per graph object: a block's graph is checked, then expanded,
+# then run. The memo is keyed by the graph's identity (a weak reference: a dead graph never
+# matches) and holds its node list; an entry is valid only while the graph has exactly those
+# node objects, opset and initializer names. (A content digest would cost more than the
+# expansion: sha256 over the weights.)
+MEMO_SIZE = 64
+_MEMO: OrderedDict[tuple, tuple] = OrderedDict()
+
+
+def memo(graph: Graph, tag: Hashable, compute: Callable[[], Any]) -> Any:
+    """``compute()`` for (graph, tag), remembered while the graph is unchanged."""
+    key = (id(graph), tag)
+    nodes = graph.nodes
+    hit = _MEMO.get(key)
+    if (hit is not None and hit[0]() is graph and hit[2] == graph.opset
+            and len(hit[1]) == len(nodes) and all(a is b for a, b in zip(hit[1], nodes))
+            and hit[3] == tuple(graph.initializers)):
+        _MEMO.move_to_end(key)
+        return hit[4]
+    value = compute()
+    _MEMO[key] = (weakref.ref(graph), tuple(nodes), graph.opset, tuple(graph.initializers), value)
+    while len(_MEMO) > MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return value

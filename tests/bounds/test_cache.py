@@ -5,14 +5,16 @@ never read a stale entry."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from kcverify.bounds import certify_drift
 from kcverify.bounds.box import Concrete
-from kcverify.bounds.engine import expanded, load_rules
+from kcverify.bounds.engine import check_rules, expanded, load_rules
 from kcverify.bounds.registry import RULES, RuleCtx
 from kcverify.bounds.rules import cache
+from kcverify.errors import BoundError
 from kcverify.kernels.spec import parse_kernel_spec
 from kcverify.models.ir import Node, from_onnx
 
@@ -78,7 +80,7 @@ def test_checksum_collision_is_caught(monkeypatch) -> None:
     assert y.th.tolist()[1] >= 5.0
 
 
-def test_expanded_cache_keyed_by_graph() -> None:
+def test_expanded_and_checked_memo_follow_the_graph() -> None:
     rng = np.random.default_rng(1)
     w = rng.normal(size=(8, 4)).astype(np.float32)
     g1 = _mlp(w, np.zeros(4, np.float32))
@@ -87,3 +89,16 @@ def test_expanded_cache_keyed_by_graph() -> None:
     assert expanded(g1, "interval") is e1
     e2 = expanded(g2, "interval")
     assert e2 is not e1 and np.array_equal(np.asarray(e2.initializers["B"]), np.ones(4))
+    # a graph whose nodes change is checked again, and expanded again
+    check_rules(g1, "interval", set())
+    n = g1.nodes[1]
+    g1.nodes[1] = Node(n.name, "NoSuchOp", n.inputs, n.outputs, {})
+    with pytest.raises(BoundError, match="NoSuchOp"):
+        check_rules(g1, "interval", set())
+    assert expanded(g1, "interval").nodes[1].op_type == "NoSuchOp"
+    # an op without a rule but with a function body is expanded (and re-expanded when its
+    # rule disappears)
+    g1.nodes[1] = Node(n.name, "Softplus", ("h",), n.outputs, {})
+    ops = [m.op_type for m in expanded(g1, "interval").nodes]
+    assert "Softplus" not in ops and "Exp" in ops
+    check_rules(g1, "interval", set())

@@ -53,12 +53,12 @@ def pad_lo(x: torch.Tensor, rel: float = REL_PAD) -> torch.Tensor:
     """Round a lower bound outward: x - rel*|x| - ABS_PAD (infinities and NaN unchanged).
 
     With exact factors, min(x (1 - rel), x (1 + rel)) is x - rel|x| for either sign (the same
-    single rounding) and keeps infinities without a finiteness test; otherwise fmin(x, .) maps
-    the inf - inf of an infinite x back to x."""
+    single rounding) and keeps infinities without a finiteness test; otherwise |x| is capped
+    at the largest double, so an infinite x stays itself (no inf - inf)."""
     f = _factors(rel)
     if f is not None:
         return torch.minimum(x * f[0], x * f[1]).sub_(ABS_PAD)
-    return torch.fmin(x, x - x.abs() * rel - ABS_PAD)
+    return x - _cap(x.abs()) * rel - ABS_PAD
 
 
 def pad_hi(x: torch.Tensor, rel: float = REL_PAD) -> torch.Tensor:
@@ -66,7 +66,15 @@ def pad_hi(x: torch.Tensor, rel: float = REL_PAD) -> torch.Tensor:
     f = _factors(rel)
     if f is not None:
         return torch.maximum(x * f[0], x * f[1]).add_(ABS_PAD)
-    return torch.fmax(x, x + x.abs() * rel + ABS_PAD)
+    return x + _cap(x.abs()) * rel + ABS_PAD
+
+
+_DBL_MAX = float(torch.finfo(torch.float64).max)
+
+
+def _cap(a: torch.Tensor) -> torch.Tensor:
+    """min(a, largest double) in place on a fresh tensor (NaN stays NaN)."""
+    return a.clamp_max_(_DBL_MAX)
 
 
 def round_bounds(lo: torch.Tensor, hi: torch.Tensor, r: float, eta: float, max_finite: float,
@@ -75,11 +83,12 @@ def round_bounds(lo: torch.Tensor, hi: torch.Tensor, r: float, eta: float, max_f
     (each end then padded by ``rel``), an infinite end unchanged, an end beyond +-max_finite
     made infinite; and the error bound pad(r * mag + eta), 0 where not finite.
 
-    fmin/fmax keep an infinite end (whose widening is inf - inf) without a finiteness test."""
-    y_lo = lo - r * lo.abs() - eta
-    y_hi = hi + r * hi.abs() + eta
-    lo2 = torch.fmin(lo, y_lo - y_lo.abs() * rel - ABS_PAD)
-    hi2 = torch.fmax(hi, y_hi + y_hi.abs() * rel + ABS_PAD)
+    Magnitudes capped at the largest double keep an infinite end itself (no inf - inf) without
+    a finiteness test."""
+    y_lo = lo - r * _cap(lo.abs()) - eta
+    y_hi = hi + r * _cap(hi.abs()) + eta
+    lo2 = y_lo - _cap(y_lo.abs()) * rel - ABS_PAD
+    hi2 = y_hi + _cap(y_hi.abs()) * rel + ABS_PAD
     lo2 = torch.where(lo2 < -max_finite, -math.inf, lo2)
     hi2 = torch.where(hi2 > max_finite, math.inf, hi2)
     w = r * mag(lo, hi) + eta
@@ -183,7 +192,7 @@ def imatmul(al: torch.Tensor, ah: torch.Tensor, bl: torch.Tensor, bh: torch.Tens
         rad = torch.matmul(a_abs, br) + torch.matmul(ar, b_abs) + torch.matmul(ar, br)
         magn = torch.matmul(a_abs + ar, b_abs + br)
     n = al.shape[-1]
-    err = (n + 4) * U64 * magn * 1.01 + rad * 8 * U64
+    err = (n + 4) * U64 * magn * 1.01 + rad * (8 * U64)  # = rad * 8 * U64 (powers of two)
     return c - rad - err, c + rad + err, magn
 
 
@@ -231,9 +240,14 @@ class Box:
     def make(tl: torch.Tensor, th: torch.Tensor, il: torch.Tensor, ih: torch.Tensor,
              dl: torch.Tensor | None = None, dh: torch.Tensor | None = None) -> Box:
         """A box whose drift is [dl, dh] intersected with the difference of the value sets."""
-        vdl, vdh = sub_lo(il, th), sub_hi(ih, tl)
         if dl is None or dh is None:
-            return Box(tl, th, il, ih, vdl, vdh)
+            return Box(tl, th, il, ih, sub_lo(il, th), sub_hi(ih, tl))
+        if dl.shape == dh.shape == tl.shape == th.shape == il.shape == ih.shape:
+            # meet_lo(dl, sub_lo(il, th)) with the two rows stacked (NaN -> no information)
+            lo = nan_to(pad_lo(torch.stack([dl, il - th])), -math.inf).amax(0)
+            hi = nan_to(pad_hi(torch.stack([dh, ih - tl])), math.inf).amin(0)
+            return Box(tl, th, il, ih, lo, hi)
+        vdl, vdh = sub_lo(il, th), sub_hi(ih, tl)
         lo, hi = meet_lo(dl, vdl), meet_hi(dh, vdh)
         if lo.shape != vdl.shape or hi.shape != vdl.shape:
             shape = torch.broadcast_shapes(lo.shape, hi.shape, vdl.shape)

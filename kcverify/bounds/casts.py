@@ -86,8 +86,9 @@ def cast_image(lo: torch.Tensor, hi: torch.Tensor, s_lo: torch.Tensor | float,
     else:
         # nearest: half a spacing, u|a| + eta*s; any neighbour: a full spacing, 2u|a| + 2eta*s
         k = 1.0 if rounding == "nearest" else 2.0
-        rel_lo = lo - k * fmt.u * lo.abs() - k * fmt.eta * s_hi_t
-        rel_hi = hi + k * fmt.u * hi.abs() + k * fmt.eta * s_hi_t
+        e_abs = k * fmt.eta * s_hi_t
+        rel_lo = lo - k * fmt.u * lo.abs() - e_abs
+        rel_hi = hi + k * fmt.u * hi.abs() + e_abs
         rel_lo = pad_lo(rel_lo, 1e-12)
         rel_hi = pad_hi(rel_hi, 1e-12)
     if rounding == "nearest":

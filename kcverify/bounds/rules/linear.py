@@ -50,9 +50,9 @@ def _operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tens
             r = pad_hi(k * (cs.format.u * torch.maximum(lo.abs(), hi.abs()) + cs.format.eta * s), 1e-9)
             e_lo, e_hi = torch.maximum(e_lo, -r), torch.minimum(e_hi, r)
         elif cs.format.kind == "float":  # dynamic: s <= amax_hi / max_finite over the tensor
-            amax = torch.maximum(lo.abs(), hi.abs()).amax()
-            r = pad_hi(k * (cs.format.u * torch.maximum(lo.abs(), hi.abs())
-                            + cs.format.eta * amax / cs.format.max_finite * 1.01), 1e-9)
+            m = torch.maximum(lo.abs(), hi.abs())
+            r = pad_hi(k * (cs.format.u * m + cs.format.eta * m.amax() / cs.format.max_finite
+                            * 1.01), 1e-9)
             e_lo, e_hi = torch.maximum(e_lo, -r), torch.minimum(e_hi, r)
         return c_lo, c_hi, e_lo, e_hi
     if weight and isinstance(x, Concrete):

@@ -23,6 +23,7 @@ import torch
 from kcverify.bounds.box import (
     U64,
     Box,
+    Concrete,
     fsum,
     imul,
     mag,
@@ -125,6 +126,14 @@ def layernorm_box(ctx: RuleCtx, x: Box, g: Box | None, b: Box | None, eps: float
     return Box.make(*parts, d_lo, d_hi)
 
 
+def _affine(ctx: RuleCtx, x, shape: tuple[int, ...]) -> Box | None:
+    """The gain or bias lifted and flattened over the normalised axes (cached for constants)."""
+    if x is None:
+        return None
+    build = lambda: ctx.lift(x).map(lambda t: t.expand(shape).reshape(-1))  # noqa: E731
+    return cache.cached(ctx, x, ("ln-affine", tuple(shape)), build) if isinstance(x, Concrete) else build()
+
+
 @bound_rule("LayerNormalization", domain=Interval)
 def layer_norm(ctx: RuleCtx, x, scale=None, bias=None) -> Box:
     """LayerNormalization (opset 17): normalise over axes [axis:], then * scale + bias."""
@@ -134,7 +143,7 @@ def layer_norm(ctx: RuleCtx, x, scale=None, bias=None) -> Box:
     eps = float(ctx.attr("epsilon", 1e-5))
     lead = shape[:axis]
     flat = xb.map(lambda t: t.reshape(*lead, -1))
-    g = cache.lift(ctx, scale).map(lambda t: t.expand(shape[axis:]).reshape(-1)) if scale is not None else None
-    b = cache.lift(ctx, bias).map(lambda t: t.expand(shape[axis:]).reshape(-1)) if bias is not None else None
+    g = _affine(ctx, scale, shape[axis:])
+    b = _affine(ctx, bias, shape[axis:])
     y = layernorm_box(ctx, flat, g, b, eps)
     return y.map(lambda t: t.reshape(shape))

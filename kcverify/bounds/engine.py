@@ -29,13 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from kcverify.bounds.box import F64, Box, Concrete, DiffBox, check_box, pad_hi, pad_lo
+from kcverify.bounds.box import F64, Box, Concrete, DiffBox, pad_check, pad_hi, pad_lo
 from kcverify.bounds.registry import CONCRETE_OPS, RULES, RuleCtx, registered
 from kcverify.errors import BoundError, InputFileError
 from kcverify.kernels.spec import KernelSpec
 from kcverify.models.ir import Graph
 
-DOMAIN_NAMES = ("interval", "linear", "best", "separate")
+DOMAIN_NAMES = ("interval", "linear", "best", "separate", "zonotope")
 _RULE_MODULES = ("activation", "elementwise", "linear", "normalization", "reduce", "shape",
                  "softmax")
 _SHAPE_ONLY = frozenset({"Shape", "Size"})
@@ -97,35 +97,46 @@ def _rule_domain(domain: str) -> str:
 
 def expanded(graph: Graph, domain: str) -> Graph:
     """The graph with rule-less ops replaced by their ONNX function bodies (decompose.py)."""
-    from kcverify.bounds.decompose import expand
+    from kcverify.bounds.decompose import expand, memo
 
     load_rules()
     rd = _rule_domain(domain)
-    return expand(graph, lambda n: (n.op_type, rd) in RULES or n.op_type in CONCRETE_OPS
-                  or n.op_type in _SHAPE_ONLY)
+    tag = ("expanded", rd, frozenset(RULES), frozenset(CONCRETE_OPS))  # what has_rule reads
+    return memo(graph, tag, lambda: expand(
+        graph, lambda n: (n.op_type, rd) in RULES or n.op_type in CONCRETE_OPS
+        or n.op_type in _SHAPE_ONLY))
 
 
 def check_rules(graph: Graph, domain: str, concrete_inputs: set[str]) -> None:
     """Raise one BoundError listing every node that has no rule (and no decomposition into ops
-    that have one) and cannot be evaluated exactly."""
+    that have one) and cannot be evaluated exactly. A graph that passed is remembered (per
+    graph object, domain and concrete inputs; decompose.memo)."""
+    from kcverify.bounds.decompose import memo
+
     load_rules()
     rd = _rule_domain(domain)
-    graph = expanded(graph, domain)
-    known = set(graph.constant_names()) | set(concrete_inputs)
-    missing: dict[str, list[str]] = {}
-    for n in graph.nodes:
-        ins = [i for i in n.inputs if i]
-        if n.op_type in _SHAPE_ONLY or (all(i in known for i in ins) and n.op_type in CONCRETE_OPS):
-            known.update(o for o in n.outputs if o)
-            continue
-        if (n.op_type, rd) not in RULES:
-            missing.setdefault(n.op_type, []).append(n.name)
-    if missing:
-        listing = "; ".join(f"{op} (nodes: {', '.join(repr(x) for x in names[:5])}"
-                            f"{', ...' if len(names) > 5 else ''})"
-                            for op, names in sorted(missing.items()))
-        raise BoundError(f"no bound rule in domain {rd!r} for: {listing}; "
-                         f"registered: {', '.join(registered(rd))}")
+    tag = ("checked", rd, frozenset(concrete_inputs), frozenset(RULES), frozenset(CONCRETE_OPS))
+
+    def check() -> bool:
+        g = expanded(graph, domain)
+        known = set(g.constant_names()) | set(concrete_inputs)
+        missing: dict[str, list[str]] = {}
+        for n in g.nodes:
+            ins = [i for i in n.inputs if i]
+            if n.op_type in _SHAPE_ONLY or (all(i in known for i in ins)
+                                            and n.op_type in CONCRETE_OPS):
+                known.update(o for o in n.outputs if o)
+                continue
+            if (n.op_type, rd) not in RULES:
+                missing.setdefault(n.op_type, []).append(n.name)
+        if missing:
+            listing = "; ".join(f"{op} (nodes: {', '.join(repr(x) for x in names[:5])}"
+                                f"{', ...' if len(names) > 5 else ''})"
+                                for op, names in sorted(missing.items()))
+            raise BoundError(f"no bound rule in domain {rd!r} for: {listing}; "
+                             f"registered: {', '.join(registered(rd))}")
+        return True
+    memo(graph, tag, check)
 
 
 def _is_int(graph: Graph, name: str) -> bool:
@@ -137,7 +148,7 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
               domain: str = "interval", device: torch.device | str = "cpu",
               region_tensors: Mapping[str, Callable[[Any], Box]] | None = None,
               keep: set[str] | None = None, lin: dict[str, Any] | None = None,
-              lin_m: int = 0) -> dict[str, Any]:
+              lin_m: int = 0, zono: Any = None) -> dict[str, Any]:
     """Bound every node of ``graph`` from ``state`` (name -> Box | Concrete); returns the states
     of the graph outputs (and of ``keep``). ``region_tensors``: tensors replaced, once computed,
     by a region box around them (embedding-space regions)."""
@@ -163,14 +174,21 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
         results = _dispatch(graph, n, ins, rd, train, inf, consts, dev, separate)
         if lin is not None and any(isinstance(r, Box) for r in results):
             results = _linear_step(graph, n, ins, results, train, inf, consts, dev, lin, lin_m)
+        if zono is not None and any(isinstance(r, Box) for r in results):
+            results = zono.step(n, list(n.inputs), ins, results,
+                                RuleCtx(n, train, inf, consts, graph.opset, dev))
         for o, r in zip(n.outputs, results):
             if o:
                 if region_tensors and o in region_tensors:
                     r = region_tensors[o](r)
+                    if zono is not None:
+                        zono.drop(o)
                 st[o] = r
         for i in set(n.inputs):
             if i and last_use.get(i) == k and i not in outs and i not in graph.initializers:
                 st.pop(i, None)
+                if zono is not None:
+                    zono.drop(i)
     return {o: st[o] for o in outs if o in st}
 
 
@@ -199,23 +217,28 @@ def _dispatch(graph: Graph, n, ins: list, rd: str, train: KernelSpec, inf: Kerne
         raise BoundError(f"{where} (opset {graph.opset}): no rule for domain {rd!r}; "
                          f"registered: {', '.join(registered(rd))}")
     ctx = RuleCtx(n, train, inf, consts, graph.opset, dev)
-    had_inf = any((isinstance(x, Box) and not all(bool(torch.isfinite(p).all()) for p in x.parts()))
-                  or (isinstance(x, Concrete) and x.value.is_floating_point()
-                      and not bool(torch.isfinite(x.value).all())) for x in present)
-    try:
-        out = rule(ctx, *ins)
-    except BoundError:
-        raise
-    except (RuntimeError, ValueError, IndexError) as e:
-        raise BoundError(f"{where}: rule failed: {e}") from None
-    outs = out if isinstance(out, tuple) else (out,)
-    res = []
-    for o in outs:
-        if isinstance(o, Box):
-            o = check_box(o.padded(), None, where, had_inf)
-            if separate:
-                o = Box.make(o.tl, o.th, o.il, o.ih)
-        res.append(o)
+
+    def had_inf() -> bool:  # asked only when a result holds NaN (inf - inf is then legitimate)
+        return any((isinstance(x, Box) and not all(bool(torch.isfinite(p).all()) for p in x.parts()))
+                   or (isinstance(x, Concrete) and x.value.is_floating_point()
+                       and not bool(torch.isfinite(x.value).all())) for x in present)
+    # rules run without autograd bookkeeping (~10% of their time); their results are
+    # inference tensors: read them anywhere, modify them in place only inside inference_mode
+    with torch.inference_mode():
+        try:
+            out = rule(ctx, *ins)
+        except BoundError:
+            raise
+        except (RuntimeError, ValueError, IndexError) as e:
+            raise BoundError(f"{where}: rule failed: {e}") from None
+        outs = out if isinstance(out, tuple) else (out,)
+        res = []
+        for o in outs:
+            if isinstance(o, Box):
+                o = pad_check(o, where, had_inf)
+                if separate:
+                    o = Box.make(o.tl, o.th, o.il, o.ih)
+            res.append(o)
     return tuple(res)
 
 
@@ -355,8 +378,13 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
     if linear_inputs:
         lin = dict(linear_inputs)
         m = int(next(iter(linear_inputs.values())).t.A.shape[-1])
+    zono = None
+    if domain in ("linear", "best", "zonotope"):
+        from kcverify.bounds.zonotope import ZonoTrack
+
+        zono = ZonoTrack()
     out = run_graph(g, train_spec, inf_spec, st, domain, dev, region_tensors,
-                    keep=set(getattr(block, "outputs", ())), lin=lin, lin_m=m)
+                    keep=set(getattr(block, "outputs", ())), lin=lin, lin_m=m, zono=zono)
     if not out:
         return {}
     ctx = RuleCtx(g.nodes[0], train_spec, inf_spec, set(), g.opset, dev)
@@ -477,7 +505,7 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
         needed_later.append(set(acc))
         acc |= set(b.inputs)
     needed_later.reverse()
-    method = {"separate": "separate", "linear": "linear", "best": "best"}.get(domain, "interval")
+    method = domain if domain in ("separate", "linear", "best", "zonotope") else "interval"
     for k, b in enumerate(blks):
         if progress is not None:
             progress(k, len(blks), b.name)

@@ -51,6 +51,7 @@ TINY = 2.0**-1000
 F64 = torch.float64
 K_MAX = 16384           # symbols one form may keep (order reduction beyond)
 ELEMENT_BUDGET = 2**24  # and at most this many generator entries (k * numel) per form
+_DEBUG = False
 SYMBOLIZE_REL = 0.0     # r becomes symbols where r > SYMBOLIZE_REL * radius
 
 
@@ -290,6 +291,8 @@ class ZonoTrack:
         self.forms: dict[str, ZState] = {}
         self.k = 0
         self.k_max = k_max or K_MAX
+        self.binary = torch.zeros(0, dtype=torch.int64)  # ids of symbols in {-1, +1}
+        self.raw: list = []  # the node's input states as the interval domain has them
 
     # symbols
     def cap_for(self, f: Form) -> int:
@@ -313,8 +316,21 @@ class ZonoTrack:
         r = torch.where(m, torch.zeros_like(f.r), f.r)
         return Form(f.c, G, r, ids).cap(self.cap_for(f))
 
-    def symbolize(self, z: ZState, rel: float = SYMBOLIZE_REL) -> ZState:
+    def binary_symbols(self, f: Form, coef: torch.Tensor) -> Form:
+        """New binary symbols (values -1 or +1), one per element where ``coef`` != 0."""
+        idx = torch.nonzero(coef.reshape(-1) != 0).reshape(-1)
+        numel = f.c.numel()
+        g_new = torch.zeros((idx.numel(), numel), dtype=F64, device=f.c.device)
+        g_new[torch.arange(idx.numel(), device=f.c.device), idx] = coef.reshape(-1)[idx]
+        new_ids = torch.arange(self.k, self.k + idx.numel(), dtype=torch.int64)
+        self.k += idx.numel()
+        self.binary = torch.cat([self.binary, new_ids])
+        return Form(f.c, torch.cat([f.G, g_new.reshape(idx.numel(), *f.shape)], 0), f.r,
+                    torch.cat([f.ids, new_ids])).cap(self.cap_for(f))
+
+    def symbolize(self, z: ZState, rel: float | None = None) -> ZState:
         """Fresh symbols for both kernels' r (before an op that mixes elements)."""
+        rel = SYMBOLIZE_REL if rel is None else rel
         return ZState(self.fresh(z.t, rel), self.fresh(z.i, rel))
 
     def from_box(self, b: Box) -> ZState:
@@ -380,6 +396,7 @@ class ZonoTrack:
             if not any(isinstance(s, ZState) for s in states):
                 return results
             boxes = [x if isinstance(x, Box) else None for x in ins]
+            self.raw = ins
             outs = rule(self, ctx, states, boxes, results)
         except _NoForm:
             return results
@@ -721,10 +738,82 @@ def _relu(zt, ctx, states, boxes, results):
 
 
 # --- matmul -------------------------------------------------------------------------------------
+def _next_up(q: torch.Tensor, fmt: Any) -> torch.Tensor:
+    """The next representable value above q (q representable in the float format ``fmt``)."""
+    emin = int(round(math.log2(fmt.min_normal)))
+    a = q.abs()
+    m, E = torch.frexp(a)
+    e = E.to(F64) - 1
+    up = torch.exp2(torch.clamp(e, min=emin) - fmt.mantissa_bits)
+    up = torch.where(a == 0, torch.full_like(up, 2.0 ** (emin - fmt.mantissa_bits)), up)
+    eb = torch.where(m == 0.5, e - 1, e)
+    down = torch.exp2(torch.clamp(eb, min=emin) - fmt.mantissa_bits)
+    return torch.where(q >= 0, q + up, q + down)
+
+
+def _cast_plan(spec: KernelSpec, cs: Any, lo: torch.Tensor, hi: torch.Tensor, side: str):
+    """For a round-to-nearest float cast with no / static / dynamic per-tensor or per-token
+    scale: the scale interval [s_lo, s_hi] (broadcastable, s_lo > 0) and a function mapping a
+    value interval to the quotient's rounded endpoints (q_lo, q_hi), exactly as
+    casts.cast_image encloses them; None for other casts."""
+    from kcverify.bounds.box import imul
+    from kcverify.bounds.casts import SCALE_SLACK, _group_amax, rne, scale_of
+
+    fmt = cs.format
+    if spec.rounding != "nearest" or fmt.kind != "float":
+        return None
+    dynamic = cs.scale.startswith("dynamic")
+    if cs.scale in ("none", "static"):
+        v = 1.0 if cs.scale == "none" else float(cs.value or 1.0)
+        s_lo = s_hi = torch.full((), v, dtype=F64, device=lo.device)
+    elif cs.scale == "dynamic_per_tensor":
+        dims = tuple(range(1, lo.dim())) if lo.dim() > 1 else (0,)
+        s_lo, s_hi = scale_of(*_group_amax(lo, hi, dims), fmt)
+    elif cs.scale == "dynamic_per_token":
+        kdim = lo.dim() - 1 if side == "left" else lo.dim() - 2
+        s_lo, s_hi = scale_of(*_group_amax(lo, hi, (kdim,)), fmt)
+    else:
+        return None
+    if not bool((s_lo > 0).all()):
+        return None
+    inv_lo, inv_hi = 1.0 / s_hi, 1.0 / s_lo
+
+    def q_of(x_lo: torch.Tensor, x_hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t_lo, t_hi = imul(x_lo, x_hi, inv_lo, inv_hi)
+        t_lo, t_hi = pad_lo(t_lo, SCALE_SLACK), pad_hi(t_hi, SCALE_SLACK)
+        if dynamic:
+            lim = fmt.max_finite * (1 + 2 * SCALE_SLACK)
+            t_lo, t_hi = t_lo.clamp(-lim, lim), t_hi.clamp(-lim, lim)
+        elif fmt.max_finite * (1 - 2 * SCALE_SLACK) <= float(torch.maximum(t_lo.abs(), t_hi.abs()).max()):
+            raise _NoForm  # a static scale that may overflow: the interval rule says inf
+        return rne(t_lo, fmt), rne(t_hi, fmt)
+    return s_lo, s_hi, q_of
+
+
+def _scaled(s_lo: torch.Tensor, s_hi: torch.Tensor, q1: torch.Tensor, q2: torch.Tensor,
+            deq_u: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """s q for q in {q1, q2} (the two branches of a symbol), s in [s_lo, s_hi], dequantised
+    with rounding deq_u: centre, coefficient of the branch symbol, and the noise radius."""
+    s_mid = 0.5 * s_lo + 0.5 * s_hi
+    s_hw = pad_hi(torch.maximum(s_hi - s_mid, s_mid - s_lo).clamp_min(0.0))
+    qm = torch.maximum(q1.abs(), q2.abs())
+    centre = s_mid * (0.5 * q1 + 0.5 * q2)
+    coef = s_mid * (0.5 * q2 - 0.5 * q1)
+    noise = s_hw * qm + (2 * deq_u + 1e-15) * s_hi * qm + 4 * U64 * (centre.abs() + coef.abs())
+    return centre, coef, pad_hi(noise) + TINY
+
+
 def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Box | None,
                   k: int, weight: bool, side: str, out_axis: int, k_axis: int
                   ) -> tuple[Form | torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Kernel k's cast operand: a form (or an exact constant tensor), and its value bounds."""
+    """Kernel k's cast operand: a form (or an exact constant tensor), and its value bounds.
+
+    Per element, the form with the least new noise among: x + e (keeps x's symbols, e the cast
+    error); the cast image alone; the image when it holds one value (a point) or two adjacent
+    values (a new *binary* symbol: a straddled rounding goes one way or the other); and, when
+    x depends on a binary symbol, the image of each of its two branches (the cast is then an
+    exact function of that symbol, so one flipped rounding upstream does not make every
+    rounding downstream free)."""
     from kcverify.bounds.rules.linear import _operand
 
     if isinstance(s, Concrete):
@@ -742,16 +831,60 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
         raise _NoForm
     if bool((e_lo == 0).all()) and bool((e_hi == 0).all()):
         return f, lo, hi
-    # per element: x + e (keeps the symbols) or the cast image alone (a near-point), the narrower
     e_mid = 0.5 * e_lo + 0.5 * e_hi
     e_hw = pad_hi(torch.maximum(e_hi - e_mid, e_mid - e_lo))
     i_mid = 0.5 * c_lo + 0.5 * c_hi
     i_hw = pad_hi(torch.maximum(c_hi - i_mid, i_mid - c_lo))
-    img = i_hw <= e_hw
-    c = torch.where(img, i_mid, f.c + e_mid)
-    G = torch.where(img, torch.zeros_like(f.G), f.G)
-    r = torch.where(img, i_hw, pad_hi(f.r + e_hw + 2 * U64 * (f.c.abs() + e_mid.abs())) + TINY)
-    return f.like(c, G, r), c_lo, c_hi
+    inf = torch.full_like(lo, float("inf"))
+    # options: 0 = x + e, 1 = image box, 2 = point / binary image, 3 = branches of a binary symbol
+    noise = [e_hw, i_hw, inf, inf]
+    cs = spec.weights if weight else spec.activations
+    plan = _cast_plan(spec, cs, lo, hi, side) if cs is not None and not weight else None
+    deq = spec.accumulate.u
+    G_branch = None
+    if plan is not None:
+        s_lo, s_hi, q_of = plan
+        q_lo, q_hi = q_of(lo, hi)
+        single = q_lo == q_hi
+        adj = ~single & (q_hi == _next_up(q_lo, cs.format))
+        c2, g2, n2 = _scaled(s_lo, s_hi, q_lo, q_hi, deq)
+        ok2 = (single | adj) & torch.isfinite(c2)
+        noise[2] = torch.where(ok2, n2, inf)
+        rows = torch.isin(f.ids, zt.binary) if zt.binary.numel() and f.k else None
+        if rows is not None and bool(rows.any()):
+            brow = torch.nonzero(rows).reshape(-1).to(f.G.device)
+            Gb = f.G[brow]
+            j = Gb.abs().argmax(0, keepdim=True)
+            g = torch.gather(Gb, 0, j)[0]
+            w = pad_hi((f.gsum() - g.abs()).clamp_min(0.0) + f.r) + TINY
+            qp_lo, qp_hi = q_of(pad_lo(f.c + g - w), pad_hi(f.c + g + w))
+            qm_lo, qm_hi = q_of(pad_lo(f.c - g - w), pad_hi(f.c - g + w))
+            c3, g3, n3 = _scaled(s_lo, s_hi, qm_lo, qp_lo, deq)
+            ok3 = (qp_lo == qp_hi) & (qm_lo == qm_hi) & torch.isfinite(c3)
+            noise[3] = torch.where(ok3, n3, inf)
+            G_branch = torch.zeros_like(f.G)
+            G_branch.scatter_(0, brow[j], g3.unsqueeze(0))
+    best = torch.stack(noise).argmin(0)
+    if _DEBUG:
+        print(ctx.node.name, side, "k", k, "choices", torch.bincount(best.reshape(-1), minlength=4).tolist(),
+              "noise max per choice", [float(torch.where(best == j, noise[j], torch.zeros_like(lo)).max()) for j in range(4)],
+              "w>", None if G_branch is None else float(w.median()))
+    c = torch.where(best == 0, f.c + e_mid, i_mid)
+    r = torch.where(best == 0, pad_hi(f.r + e_hw + 2 * U64 * (f.c.abs() + e_mid.abs())) + TINY, i_hw)
+    G = torch.where(best == 0, f.G, torch.zeros_like(f.G))
+    if plan is not None:
+        c = torch.where(best == 2, c2, c)
+        r = torch.where(best == 2, n2, r)
+        if G_branch is not None:
+            c = torch.where(best == 3, c3, c)
+            r = torch.where(best == 3, n3, r)
+            G = torch.where(best == 3, G_branch, G)
+    out = f.like(c, G, r)
+    if plan is not None:
+        new = (best == 2) & adj
+        if bool(new.any()):
+            out = zt.binary_symbols(out, torch.where(new, g2, torch.zeros_like(g2)))
+    return out, c_lo, c_hi
 
 
 def _matmul_rule(zt, ctx, states, boxes, results):
@@ -761,6 +894,9 @@ def _matmul_rule(zt, ctx, states, boxes, results):
     if any(isinstance(s, ZState) and s.t.c.dim() < 2 for s in (a, b)):
         return None
     aw, bw = ctx.node.inputs[0] in ctx.constants, ctx.node.inputs[1] in ctx.constants
+    # weights enter as they are (cast exactly by the spec), like the interval rule
+    a = zt.raw[0] if aw and isinstance(zt.raw[0], Concrete) else a
+    b = zt.raw[1] if bw and isinstance(zt.raw[1], Concrete) else b
     a = zt.symbolize(a) if isinstance(a, ZState) else a
     b = zt.symbolize(b) if isinstance(b, ZState) else b
     out = []

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kcverify.bounds.box import F64, Box, Concrete, DiffBox, pad_check, pad_hi, pad_lo
+from kcverify.bounds.box import F64, Box, Concrete, DiffBox, check_box, pad_check, pad_hi, pad_lo
 from kcverify.bounds.registry import CONCRETE_OPS, RULES, RuleCtx, registered
 from kcverify.errors import BoundError, InputFileError
 from kcverify.kernels.spec import KernelSpec
@@ -234,8 +234,9 @@ def _dispatch(graph: Graph, n, ins: list, rd: str, train: KernelSpec, inf: Kerne
         outs = out if isinstance(out, tuple) else (out,)
         res = []
         for o in outs:
-            if isinstance(o, Box):
-                o = pad_check(o, where, had_inf)
+            if isinstance(o, Box):  # an exact rule (data movement, selection) is not rounded
+                o = (check_box(o, None, where, had_inf) if getattr(rule, "exact", False)
+                     else pad_check(o, where, had_inf))
                 if separate:
                     o = Box.make(o.tl, o.th, o.il, o.ih)
             res.append(o)

@@ -132,6 +132,13 @@ MOVEMENT: dict[str, Callable] = {
 }
 
 
+def exact(fn: Callable) -> Callable:
+    """Mark a rule whose result only moves or selects bounds of its inputs (no float64
+    arithmetic): the dispatcher checks it but does not round it outward."""
+    fn.exact = True
+    return fn
+
+
 def _movement_rule(op: str) -> Callable:
     fn = MOVEMENT[op]
 
@@ -146,7 +153,7 @@ def _movement_rule(op: str) -> Callable:
         return Box(*(o.contiguous() for o in outs))
     rule.__doc__ = f"{op}: exact data movement, the same map on every bound."
     rule.__name__ = op.lower()
-    return rule
+    return exact(rule)
 
 
 for _op in MOVEMENT:
@@ -154,6 +161,7 @@ for _op in MOVEMENT:
 
 
 @bound_rule("Cast", domain=Interval)
+@exact
 def cast(ctx: RuleCtx, x) -> Box:
     """Cast of a float tensor to a float type: the kernel stores tensors in its compute format
     anyway, so this is the identity on value sets (a cast to an integer type is refused)."""
@@ -165,6 +173,7 @@ def cast(ctx: RuleCtx, x) -> Box:
 
 
 @bound_rule("Gather", domain=Interval)
+@exact
 def gather(ctx: RuleCtx, data, indices) -> Box:
     """Gather with constant indices: exact selection."""
     if not isinstance(indices, Concrete):
@@ -175,6 +184,7 @@ def gather(ctx: RuleCtx, data, indices) -> Box:
 
 
 @bound_rule("Concat", domain=Interval)
+@exact
 def concat(ctx: RuleCtx, *xs) -> Box:
     """Concatenation along ``axis``."""
     boxes = [ctx.lift(x) for x in xs if x is not None]
@@ -183,6 +193,7 @@ def concat(ctx: RuleCtx, *xs) -> Box:
 
 
 @bound_rule("Where", domain=Interval)
+@exact
 def where(ctx: RuleCtx, cond, x, y) -> Box:
     """Where with an exact condition (e.g. a causal mask): selection, no rounding."""
     if not isinstance(cond, Concrete):

@@ -376,16 +376,24 @@ def _cast_graphs() -> dict:
 
 
 def _cast_feeds(rng: np.random.Generator, g, mode: str) -> dict[str, np.ndarray]:
+    """Normal inputs, or ("grid") inputs whose quotients x / s are e4m3 midpoints: one entry
+    per token is 448 s (so the dynamic scale, per tensor or per token, is s), the others lie
+    halfway between two e4m3 values, so every cast straddles (binary symbols)."""
     feeds = {}
     for v in g.inputs:
-        shape = [2, *[int(s) for s in v.shape[1:]]]
+        shape = [2, *[int(d) for d in v.shape[1:]]]
         x = rng.normal(size=shape)
         if mode == "grid":
-            # values on e4m3 midpoints of a per-tensor scale: straddled roundings everywhere
-            q = np.abs(x) / np.abs(x).max() * 448
+            s = 2.0**-7
+            q = np.abs(x) / np.abs(x).max() * 440
             e = np.floor(np.log2(np.maximum(q, 2.0**-6)))
-            step = 2.0 ** (e - 3)
-            x = np.sign(x) * (np.floor(q / step) + 0.5) * step * np.abs(x).max() / 448
+            step = 2.0 ** (np.maximum(e, -6) - 3)
+            q = (np.floor(q / step) + 0.5) * step
+            if v.name == "z":  # the right operand: tokens run along axis -2
+                q[..., 0, :] = 448.0
+            else:
+                q[..., 0] = 448.0
+            x = np.sign(x) * q * s
         feeds[v.name] = x
     return feeds
 

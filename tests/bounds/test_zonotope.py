@@ -36,6 +36,7 @@ from kcverify.bounds.rules.elementwise import _erf_d, _exp_d, _tanh_d
 from kcverify.bounds.zonotope import (
     F64,
     Form,
+    ZState,
     _inv_drange,
     _next_up,
     _rsqrt_drange,
@@ -47,6 +48,7 @@ from kcverify.bounds.zonotope import (
     f_mul,
     f_scale,
     f_select,
+    f_shift,
     f_smooth,
     f_sum,
 )
@@ -264,6 +266,37 @@ def test_select(seed: int) -> None:
     for cond in (torch.tensor(rng.uniform(size=(2, 3, 4)) < 0.5), torch.tensor(rng.uniform(size=(3, 1)) < 0.5)):
         cm = np.broadcast_to(cond.numpy(), (2, 3, 4))
         _check(f_select(cond, a, b), [a, b], lambda x, y, cm=cm: np.where(cm, x, y), rng, n=_n(seed, 200))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_shift_and_cap(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    a = _form(rng, (3, 4), _ids(rng, 10, 8), c=1e5, g=1e-3, c_mean=2e6)
+    s = torch.tensor(rng.normal(size=(4,)) * 1e6, dtype=F64)
+    sm = _mp(s)
+    _check(f_shift(a, -s), [a], lambda x: x - sm[None], rng, n=_n(seed, 200))
+    for m in (1, 3, 7):  # order reduction: dropped rows fold into r
+        _check(a.cap(m), [a], lambda x: x, rng, n=_n(seed, 200))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("big", [False, True])
+def test_drift_bounds(seed: int, big: bool) -> None:
+    """ZState.drift_bounds: i - t for the same eps (each kernel its own e)."""
+    rng = np.random.default_rng(seed)
+    kw = {"c": 1e6, "g": 1e-7, "r": 1e-11, "c_mean": 4e7} if big else {}
+    t = _form(rng, (3, 5), _ids(rng, 8, 6), **kw)
+    i = _form(rng, (3, 5), _ids(rng, 8, 5), **kw)
+    i = i.like(t.c + torch.tensor(rng.normal(size=(3, 5)) * 1e-4, dtype=F64), i.G, i.r)
+    lo, hi = ZState(t, i).drift_bounds()
+    n = _n(seed, 300)
+    (gt, gi), u = align([t, i])
+    eps_mp = _mp(_eps(rng, n, u.numel()))
+    xt = _affine(eps_mp, t.c, gt) + _mp(_noise(rng, n, t.r))
+    xi = _affine(eps_mp, i.c, gi) + _mp(_noise(rng, n, i.r))
+    diff = xi - xt
+    bad = (diff < _mp(lo.numpy())[None]) | (diff > _mp(hi.numpy())[None])
+    assert not bad.any(), f"drift {float(diff[bad][0])!r} outside drift_bounds"
 
 
 # --- smooth primitives ----------------------------------------------------------------------

@@ -416,12 +416,15 @@ def _cast_feeds(rng: np.random.Generator, g, mode: str) -> dict[str, np.ndarray]
     for v in g.inputs:
         shape = [2, *[int(d) for d in v.shape[1:]]]
         x = rng.normal(size=shape)
-        if mode == "grid":
+        if mode in ("grid", "grid1"):
             s = 2.0**-7
             q = np.abs(x) / np.abs(x).max() * 440
             e = np.floor(np.log2(np.maximum(q, 2.0**-6)))
             step = 2.0 ** (np.maximum(e, -6) - 3)
             q = (np.floor(q / step) + 0.5) * step
+            if mode == "grid1":  # on the grid but one midpoint per token: one binary symbol
+                q = q - 0.5 * step
+                q[..., 1] += 0.5 * step[..., 1]
             if v.name == "z":  # the right operand: tokens run along axis -2
                 q[..., 0, :] = 448.0
             else:
@@ -431,7 +434,7 @@ def _cast_feeds(rng: np.random.Generator, g, mode: str) -> dict[str, np.ndarray]
     return feeds
 
 
-@pytest.mark.parametrize("mode", ["normal", "grid"])
+@pytest.mark.parametrize("mode", ["normal", "grid", "grid1"])
 @pytest.mark.parametrize("scale", ["dynamic_per_tensor", "dynamic_per_token"])
 @pytest.mark.parametrize("graph", ["single", "chain", "bilinear"])
 def test_cast_matmul(graph: str, scale: str, mode: str) -> None:

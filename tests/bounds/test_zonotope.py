@@ -361,6 +361,61 @@ def test_smooth(name: str, width: str, seed: int) -> None:
     _check(out, [a], op, rng, n=_n(seed, 300), box=(blo, bhi))
 
 
+# --- compositions: the LayerNorm and softmax pipelines of the rules, on correlated values -----
+def _mp_rows(x: np.ndarray, fn) -> np.ndarray:
+    """Apply fn (1-D object array -> 1-D) to every last-axis row."""
+    out = np.empty_like(x)
+    for j in np.ndindex(*x.shape[:-1]):
+        out[j] = fn(x[j])
+    return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("spread", [0.05, 1.0])
+def test_layernorm_pipeline(seed: int, spread: float) -> None:
+    rng = np.random.default_rng(seed)
+    eps_ln = 1e-5
+    x = _form(rng, (2, 8), _ids(rng, 10, 7), c=1.0, g=0.2 * spread, r=0.02 * spread, c_mean=3.0)
+    n = x.shape[-1]
+    mu = f_scale(f_sum(x, -1), torch.tensor(1.0 / n, dtype=F64))
+    xc = f_add(x, mu, -1.0)
+    v = f_scale(f_sum(f_mul(xc, xc), -1), torch.tensor(1.0 / n, dtype=F64))
+    ve = f_shift(v, torch.tensor(eps_ln, dtype=F64))
+    lo, hi = ve.bounds()
+    rs = f_smooth(ve, lo.clamp_min(eps_ln), hi, lambda t: 1.0 / torch.sqrt(t),
+                  lambda t: -0.5 * t ** -1.5, _rsqrt_drange)
+    assert rs is not None
+    y = f_mul(xc, rs)
+
+    def ln(row: np.ndarray) -> np.ndarray:
+        m = row.sum() / n
+        d = row - m
+        return d / MP.sqrt((d * d).sum() / n + MP.mpf(eps_ln))
+    _check(y, [x], lambda a: _mp_rows(a, ln), rng, n=_n(seed, 150))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("spread", [0.1, 2.0])
+def test_softmax_pipeline(seed: int, spread: float) -> None:
+    rng = np.random.default_rng(seed)
+    x = _form(rng, (3, 6), _ids(rng, 10, 7), c=3.0, g=0.3 * spread, r=0.05 * spread)
+    m = x.c.amax(-1, keepdim=True)
+    zf = f_shift(x, -m)
+    z_lo, z_hi = zf.bounds()
+    e = f_smooth(zf, z_lo, z_hi, torch.exp, torch.exp, _exp_d)
+    s = f_sum(e, -1)
+    s_lo, s_hi = s.bounds()
+    s_lo = torch.maximum(s_lo, torch.exp(z_lo).sum(-1, keepdim=True) * (1 - 1e-12))
+    inv = f_smooth(s, s_lo, s_hi, lambda t: 1.0 / t, lambda t: -1.0 / (t * t), _inv_drange)
+    assert inv is not None
+    p = f_mul(e, inv)
+
+    def sm(row: np.ndarray) -> np.ndarray:
+        ex = np.array([MP.exp(v) for v in row], dtype=object)
+        return ex / ex.sum()
+    _check(p, [x], lambda a: _mp_rows(a, sm), rng, n=_n(seed, 150))
+
+
 # --- casts: _next_up and MatMul graphs through certify_drift -------------------------------------
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
 def test_next_up_every_code(fmt: str) -> None:

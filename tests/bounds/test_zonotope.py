@@ -31,11 +31,13 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from kcverify.bounds import Region, certify_drift
+from kcverify.bounds.box import Box
 from kcverify.bounds.rules.activation import gelu_df, gelu_drange, gelu_f
 from kcverify.bounds.rules.elementwise import _erf_d, _exp_d, _tanh_d
 from kcverify.bounds.zonotope import (
     F64,
     Form,
+    ZonoTrack,
     ZState,
     _inv_drange,
     _next_up,
@@ -359,6 +361,41 @@ def test_smooth(name: str, width: str, seed: int) -> None:
     out = f_smooth(a, blo, bhi, f, df, drange)
     assert out is not None
     _check(out, [a], op, rng, n=_n(seed, 300), box=(blo, bhi))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_from_box(seed: int) -> None:
+    """ZonoTrack.from_box: every (train, inf) pair of the box (i - t in the drift box) is a
+    value of the two forms for one eps (the train symbols solved from t)."""
+    rng = np.random.default_rng(seed)
+    shape = (3, 4)
+    m = rng.normal(size=shape) * 10
+    w = rng.uniform(0, 1, size=shape) * (rng.uniform(size=shape) > 0.2)
+    dmid, dw = rng.normal(size=shape) * 1e-2, rng.uniform(0, 1e-2, size=shape)
+    own = rng.uniform(size=shape) < 0.3  # there the inference box is narrower than t + drift
+    il = np.where(own, m + dmid - 0.3 * w, m - w + dmid - dw)
+    ih = np.where(own, m + dmid + 0.3 * w, m + w + dmid + dw)
+    box = Box(*(torch.tensor(a, dtype=F64) for a in (m - w, m + w, il, ih, dmid - dw, dmid + dw)))
+    z = ZonoTrack().from_box(box)
+    n = _n(seed, 600)
+    t = m + w * rng.choice([-1.0, 1.0, 0.3, -0.7], size=(n, *shape))
+    d = dmid + dw * rng.uniform(-1, 1, size=(n, *shape))
+    i = np.clip(t + d, il, ih)  # a pair of the box: i in the inference box, i - t in the drift box
+    ok = (i - t >= dmid - dw) & (i - t <= dmid + dw)
+    ft, fi = z.t, z.i
+    (gt, gi), u = align([ft, fi])
+    G = gt.reshape(u.numel(), -1).numpy()
+    eps_mp = np.empty((n, u.numel()), dtype=object)
+    t_mp, c_mp = _mp(t.reshape(n, -1)), _mp(ft.c.reshape(-1))
+    for row in range(u.numel()):  # one symbol per element: eps = (t - c) / g, in mpmath
+        j = int(np.flatnonzero(G[row])[0])
+        eps_mp[:, row] = (t_mp[:, j] - c_mp[j]) / MP.mpf(float(G[row, j]))
+    assert all(abs(e) <= 1 for e in eps_mp.reshape(-1))
+    for name, val, f, g in (("train", t, ft, gt), ("inf", i, fi, gi)):
+        dev = _mabs(_mp(val) - _affine(eps_mp, f.c, g))
+        r = _mp(np.broadcast_to(f.r.numpy(), dev.shape)) + SLACK * (_mabs(_mp(val)) + 1)
+        bad = (dev > r) & ok
+        assert not bad.any(), f"{name}: {np.argwhere(bad)[0]} outside the form"
 
 
 # --- compositions: the LayerNorm and softmax pipelines of the rules, on correlated values -----

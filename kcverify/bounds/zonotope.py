@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,7 +51,6 @@ TINY = 2.0**-1000
 F64 = torch.float64
 K_MAX = 16384           # symbols one form may keep (order reduction beyond)
 ELEMENT_BUDGET = 2**24  # and at most this many generator entries (k * numel) per form
-_DEBUG = False
 SYMBOLIZE_REL = 0.0     # r becomes symbols where r > SYMBOLIZE_REL * radius
 
 
@@ -68,6 +67,7 @@ class Form:
     G: torch.Tensor
     r: torch.Tensor
     ids: torch.Tensor
+    _gs: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def k(self) -> int:
@@ -83,10 +83,12 @@ class Form:
 
     def gsum(self) -> torch.Tensor:
         """Upper bound of sum_s |G[s]| (float64 sum error included)."""
-        if self.k == 0:
-            return torch.zeros_like(self.c)
-        s = self.G.abs().sum(0)
-        return s * (1 + (self.k + 2) * U64) + TINY
+        if self._gs is None:  # forms are never modified in place: computed once
+            if self.k == 0:
+                self._gs = torch.zeros_like(self.c)
+            else:
+                self._gs = _l1(self.G) * (1 + (self.k + 2) * U64) + TINY
+        return self._gs
 
     def rad(self) -> torch.Tensor:
         return pad_hi(self.gsum() + self.r)
@@ -111,12 +113,43 @@ class Form:
         |g eps| <= |g|; other tensors may keep those symbols)."""
         if self.k <= m:
             return self
-        score = self.G.abs().reshape(self.k, -1).sum(1)
+        score = torch.linalg.vector_norm(self.G.reshape(self.k, -1), 1, dim=1)
         keep = torch.sort(torch.topk(score, m).indices).values
         drop = torch.ones(self.k, dtype=torch.bool, device=self.G.device)
         drop[keep] = False
-        extra = self.G[drop].abs().sum(0) * (1 + (self.k + 2) * U64)
+        extra = _l1(self.G[drop]) * (1 + (self.k + 2) * U64)
         return Form(self.c, self.G[keep], pad_hi(self.r + extra) + TINY, self.ids[keep.to(self.ids.device)])
+
+
+def _l1(G: torch.Tensor) -> torch.Tensor:
+    """sum_s |G[s]| (one fused pass, no temporary)."""
+    return torch.linalg.vector_norm(G, 1, dim=0)
+
+
+def combine(a: Form, b: Form, sign: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """a.G + sign * b.G over the union of their symbols (same shapes), and the union."""
+    if a.ids is b.ids or (a.k == b.k and bool(torch.equal(a.ids, b.ids))):
+        return (a.G + b.G if sign == 1.0 else a.G - b.G), a.ids
+    if b.k == 0:
+        return a.G, a.ids
+    if a.k == 0:
+        return (b.G if sign == 1.0 else -b.G), b.ids
+    u = torch.unique(torch.cat([a.ids, b.ids]))
+    shape = torch.broadcast_shapes(a.G.shape[1:], b.G.shape[1:])
+    if a.k == u.numel():
+        out = a.G.expand(a.k, *shape).clone()
+        out.index_add_(0, torch.searchsorted(u, b.ids).to(out.device), b.G.expand(b.k, *shape),
+                       alpha=sign)
+        return out, u
+    if b.k == u.numel():
+        out = b.G.expand(b.k, *shape) * sign
+        out.index_add_(0, torch.searchsorted(u, a.ids).to(out.device), a.G.expand(a.k, *shape))
+        return out, u
+    out = torch.zeros((u.numel(), *shape), dtype=F64, device=a.G.device)
+    out.index_add_(0, torch.searchsorted(u, a.ids).to(out.device), a.G.expand(a.k, *shape))
+    out.index_add_(0, torch.searchsorted(u, b.ids).to(out.device), b.G.expand(b.k, *shape),
+                   alpha=sign)
+    return out, u
 
 
 def const_form(v: torch.Tensor, r: torch.Tensor | None = None) -> Form:
@@ -155,10 +188,10 @@ class ZState:
 
     def drift_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.i.c - self.t.c
-        (gt, gi), u = align([self.t, self.i])
+        gd, u = combine(self.i, self.t, -1.0)
         k = u.numel()
         if k:
-            g = (gi - gt).abs().sum(0) * (1 + (k + 2) * U64)
+            g = _l1(gd) * (1 + (k + 2) * U64)
         else:
             g = torch.zeros_like(c)
         fin = torch.isfinite(self.t.c) & torch.isfinite(self.i.c)
@@ -179,8 +212,8 @@ def fp_err(f: Form, mult: float) -> Form:
 def f_add(a: Form, b: Form, sign: float = 1.0) -> Form:
     rank = max(a.c.dim(), b.c.dim())
     a, b = a.view(rank), b.view(rank)
-    (ga, gb), u = align([a, b])
-    return fp_err(Form(a.c + sign * b.c, ga + sign * gb, a.r + b.r, u), 4)
+    G, u = combine(a, b, sign)
+    return fp_err(Form(a.c + sign * b.c, G, a.r + b.r, u), 4)
 
 
 def f_scale(a: Form, s: torch.Tensor) -> Form:
@@ -217,11 +250,11 @@ def f_matmul(a: Form, b: Form) -> Form:
     c = a.c @ b.c
     ga = a.like(c, (a.G @ b.c) if a.k else torch.zeros((0, *c.shape), dtype=F64, device=c.device), c)
     gb = b.like(c, (a.c @ b.G) if b.k else torch.zeros((0, *c.shape), dtype=F64, device=c.device), c)
-    (g1, g2), u = align([ga, gb])
+    G, u = combine(ga, gb)
     ra, rb = a.rad(), b.rad()
     r = a.c.abs() @ b.r + a.r @ b.c.abs() + ra @ rb
     fp = (n + 6) * U64 * ((a.c.abs() + a.gsum()) @ (b.c.abs() + b.gsum()))
-    return Form(c, g1 + g2, (r + fp) * (1 + (n + 6) * U64) + TINY, u)
+    return Form(c, G, (r + fp) * (1 + (n + 6) * U64) + TINY, u)
 
 
 def f_matmul_const(a: Form, w: torch.Tensor, left: bool = False) -> Form:
@@ -593,8 +626,9 @@ def _where(zt, ctx, states, boxes, results):
         return None
     c = cond.value.to(torch.bool).to(ctx.device)
     x, y = _as_z(x, ctx), _as_z(y, ctx)
-    if not all(bool(torch.isfinite(f.c).all()) for f in (*x.forms(), *y.forms())):
-        return None
+    for z in (x, y):  # infinite centres only as exact constants (a mask); step() checks them
+        if any(bool((~torch.isfinite(f.c) & ((f.r != 0) | (f.gsum() > TINY * 2))).any()) for f in z.forms()):
+            return None
     return ZState(f_select(c, x.t, y.t), f_select(c, x.i, y.i))
 
 
@@ -854,7 +888,7 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
         if rows is not None and bool(rows.any()):
             brow = torch.nonzero(rows).reshape(-1).to(f.G.device)
             Gb = f.G[brow]
-            j = Gb.abs().argmax(0, keepdim=True)
+            j = Gb.abs().argmax(0, keepdim=True)  # the dominant binary symbol per element
             g = torch.gather(Gb, 0, j)[0]
             w = pad_hi((f.gsum() - g.abs()).clamp_min(0.0) + f.r) + TINY
             qp_lo, qp_hi = q_of(pad_lo(f.c + g - w), pad_hi(f.c + g + w))
@@ -865,10 +899,6 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
             G_branch = torch.zeros_like(f.G)
             G_branch.scatter_(0, brow[j], g3.unsqueeze(0))
     best = torch.stack(noise).argmin(0)
-    if _DEBUG:
-        print(ctx.node.name, side, "k", k, "choices", torch.bincount(best.reshape(-1), minlength=4).tolist(),
-              "noise max per choice", [float(torch.where(best == j, noise[j], torch.zeros_like(lo)).max()) for j in range(4)],
-              "w>", None if G_branch is None else float(w.median()))
     c = torch.where(best == 0, f.c + e_mid, i_mid)
     r = torch.where(best == 0, pad_hi(f.r + e_hw + 2 * U64 * (f.c.abs() + e_mid.abs())) + TINY, i_hw)
     G = torch.where(best == 0, f.G, torch.zeros_like(f.G))

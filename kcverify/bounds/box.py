@@ -282,11 +282,9 @@ def _check_shapes(parts: tuple[torch.Tensor, ...], shape: tuple[int, ...] | None
 
 
 def _ordered(lows: torch.Tensor, highs: torch.Tensor) -> bool:
-    """One fused test of a stacked box: no NaN and lo <= hi everywhere (lo = hi = +-inf, whose
-    difference is NaN, takes the detailed path)."""
-    if lows.numel() == 0:
-        return True
-    return bool((highs - lows).amin() >= 0)
+    """One fused test of a stacked box: no NaN and lo <= hi everywhere (a comparison with NaN
+    is false)."""
+    return bool((lows <= highs).all())
 
 
 def check_box(b: Box, shape: tuple[int, ...] | None, where: str, had_inf: HadInf) -> Box:

@@ -16,6 +16,7 @@ import torch
 
 from kcverify.bounds.box import Box, Concrete
 from kcverify.bounds.registry import CONCRETE_OPS, Interval, RuleCtx, bound_rule, concrete_op
+from kcverify.bounds.rules import cache
 from kcverify.errors import BoundError
 from kcverify.models.ir import Node
 
@@ -143,7 +144,7 @@ def _movement_rule(op: str) -> Callable:
     fn = MOVEMENT[op]
 
     def rule(ctx: RuleCtx, x, *rest):
-        box = ctx.lift(x)
+        box = cache.lift(ctx, x)
         others = [r.value if isinstance(r, Concrete) else r for r in rest]
         if any(isinstance(r, Box) for r in others):
             raise BoundError(f"{op} node {ctx.node.name!r}: shape/axes inputs must be constant")
@@ -179,7 +180,7 @@ def gather(ctx: RuleCtx, data, indices) -> Box:
     if not isinstance(indices, Concrete):
         raise BoundError(f"Gather node {ctx.node.name!r}: indices must be exact (token ids), "
                          f"not a bounded tensor")
-    box = ctx.lift(data)
+    box = cache.lift(ctx, data)
     return box.map(lambda t: _gather(ctx.node, ctx.opset, t, indices.value))
 
 
@@ -187,7 +188,7 @@ def gather(ctx: RuleCtx, data, indices) -> Box:
 @exact
 def concat(ctx: RuleCtx, *xs) -> Box:
     """Concatenation along ``axis``."""
-    boxes = [ctx.lift(x) for x in xs if x is not None]
+    boxes = [cache.lift(ctx, x) for x in xs if x is not None]
     axis = int(ctx.attr("axis", 0)) % len(boxes[0].shape)
     return Box(*(torch.cat([b.parts()[k] for b in boxes], dim=axis) for k in range(6)))
 
@@ -199,7 +200,7 @@ def where(ctx: RuleCtx, cond, x, y) -> Box:
     if not isinstance(cond, Concrete):
         raise BoundError(f"Where node {ctx.node.name!r}: the condition must be exact")
     c = cond.value.to(torch.bool)
-    bx, by = ctx.lift(x), ctx.lift(y)
+    bx, by = cache.lift(ctx, x), cache.lift(ctx, y)
     return Box(*(torch.where(c.to(a.device), a, b) for a, b in zip(bx.parts(), by.parts())))
 
 

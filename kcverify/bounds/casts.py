@@ -27,6 +27,7 @@ from kcverify.kernels.formats import Format
 from kcverify.kernels.spec import CastSpec
 
 SCALE_SLACK = 2.0**-21  # relative: fp32 rounding of amax/max_finite and of a/s, with margin
+_EXP_MASK = 0x7FF0000000000000  # float64 exponent bits
 
 
 def rne(t: torch.Tensor, fmt: Format) -> torch.Tensor:
@@ -38,9 +39,15 @@ def rne(t: torch.Tensor, fmt: Format) -> torch.Tensor:
         return t.clone()
     emin = int(round(math.log2(fmt.min_normal)))
     a = t.abs()
-    _, e = torch.frexp(a)  # a = m * 2^e, m in [0.5, 1)
-    exp = torch.clamp(e.to(torch.float64) - 1, min=emin)
-    quantum = torch.exp2(exp - fmt.mantissa_bits)
+    # quantum = 2^(max(floor(log2 a), emin) - mantissa_bits): the exponent bits of a (zero
+    # mantissa) are 2^floor(log2 a) for a normal double, 0 for zero and subnormals
+    if t.dtype == torch.float64:
+        top = (a.view(torch.int64) & _EXP_MASK).view(torch.float64)
+        quantum = (top * 2.0 ** -fmt.mantissa_bits).clamp_min_(2.0 ** (emin - fmt.mantissa_bits))
+    else:
+        _, e = torch.frexp(a)  # a = m * 2^e, m in [0.5, 1)
+        exp = torch.clamp(e.to(torch.float64) - 1, min=emin)
+        quantum = torch.exp2(exp - fmt.mantissa_bits)
     q = torch.round(t / quantum) * quantum  # +-0 stays itself (quantum > 0)
     if a.numel() == 0 or float(a.amax()) <= fmt.max_finite:
         return q  # finite and within range: no saturation, no overflow

@@ -49,11 +49,14 @@ def rne(t: torch.Tensor, fmt: Format) -> torch.Tensor:
         exp = torch.clamp(e.to(torch.float64) - 1, min=emin)
         quantum = torch.exp2(exp - fmt.mantissa_bits)
     q = torch.round(t / quantum) * quantum  # +-0 stays itself (quantum > 0)
-    if a.numel() == 0 or float(a.amax()) <= fmt.max_finite:
-        return q  # finite and within range: no saturation, no overflow
-    q = torch.where(a == 0, t, q)
     top_quantum = 2.0 ** (math.floor(math.log2(fmt.max_finite)) - fmt.mantissa_bits)
     limit = fmt.max_finite + top_quantum / 2
+    m = float(a.amax()) if a.numel() else 0.0
+    if m <= fmt.max_finite:
+        return q  # finite and within range: no saturation, no overflow
+    if m < limit:  # finite, and every value beyond max_finite saturates
+        return q.clamp_(-fmt.max_finite, fmt.max_finite)
+    q = torch.where(a == 0, t, q)
     sat = torch.sign(t) * fmt.max_finite
     over = torch.sign(t) * float("inf")
     q = torch.where(q.abs() > fmt.max_finite, torch.where(a < limit, sat, over), q)

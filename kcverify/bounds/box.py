@@ -282,8 +282,11 @@ def _check_shapes(parts: tuple[torch.Tensor, ...], shape: tuple[int, ...] | None
 
 
 def _ordered(lows: torch.Tensor, highs: torch.Tensor) -> bool:
-    """One fused test of a stacked box: no NaN and lo <= hi everywhere (a comparison with NaN
-    is false)."""
+    """One fused test of a stacked box: no NaN and lo <= hi everywhere. The difference's
+    minimum (NaN if any bound is NaN) decides at once unless an interval is one infinity
+    (inf - inf), which the comparison then settles."""
+    if lows.numel() == 0 or float((highs - lows).amin()) >= 0:
+        return True
     return bool((lows <= highs).all())
 
 

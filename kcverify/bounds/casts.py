@@ -73,8 +73,10 @@ def scale_of(amax_lo: torch.Tensor, amax_hi: torch.Tensor, fmt: Format
     m = _qmax(fmt)
     s_lo = pad_lo(amax_lo / m, SCALE_SLACK)
     s_hi = pad_hi(amax_hi / m, SCALE_SLACK)
-    one = torch.ones_like(s_lo)
     zero_possible = amax_lo <= 0
+    if not bool(zero_possible.any()):
+        return s_lo.clamp_min(0.0), s_hi
+    one = torch.ones_like(s_lo)
     s_lo = torch.where(zero_possible, torch.minimum(s_lo, one), s_lo).clamp_min(0.0)
     s_hi = torch.where(zero_possible, torch.maximum(s_hi, one), s_hi)
     return s_lo, s_hi
@@ -103,7 +105,8 @@ def cast_image(lo: torch.Tensor, hi: torch.Tensor, s_lo: torch.Tensor | float,
         rel_hi = pad_hi(rel_hi, 1e-12)
     if rounding == "nearest":
         pos = s_lo_t > 0
-        s_div_lo = torch.where(pos, s_lo_t, torch.ones_like(s_lo_t))
+        all_pos = bool(pos.all())
+        s_div_lo = s_lo_t if all_pos else torch.where(pos, s_lo_t, torch.ones_like(s_lo_t))
         # t = a / s over a in [lo, hi], s in [s_lo, s_hi] (s > 0)
         inv_lo, inv_hi = 1.0 / s_hi_t.clamp_min(1e-300), 1.0 / s_div_lo
         t_lo, t_hi = imul(lo, hi, inv_lo, inv_hi)
@@ -116,8 +119,9 @@ def cast_image(lo: torch.Tensor, hi: torch.Tensor, s_lo: torch.Tensor | float,
             q_lo, q_hi = q_lo.clamp(min=-fmt.qmax), q_hi.clamp(max=fmt.qmax)
         e_lo, e_hi = imul(q_lo, q_hi, s_lo_t, s_hi_t)
         e_lo, e_hi = pad_lo(e_lo, 2 * deq_u + 1e-15), pad_hi(e_hi, 2 * deq_u + 1e-15)
-        e_lo = torch.where(pos, e_lo, rel_lo)
-        e_hi = torch.where(pos, e_hi, rel_hi)
+        if not all_pos:
+            e_lo = torch.where(pos, e_lo, rel_lo)
+            e_hi = torch.where(pos, e_hi, rel_hi)
         out_lo, out_hi = torch.maximum(e_lo, rel_lo), torch.minimum(e_hi, rel_hi)
         if fmt.kind == "int":
             out_lo, out_hi = e_lo, e_hi  # clipping makes the relative model invalid

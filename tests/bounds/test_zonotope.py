@@ -9,8 +9,8 @@ the inputs' symbols, so the residual y - c_out - G_out eps must be at most r_out
 1. Primitives (f_add, f_scale, f_mul, f_matmul, f_matmul_const, f_sum, f_select, f_smooth with
    exp, 1/x, rsqrt, gelu, erf, tanh): random forms over a shared pool of symbols, sampled eps
    (a third at corners of the cube) and e (a third at +-r). Inputs, the exact op and the residual
-   are evaluated in mpmath at 60 significant digits, on values that are exact in that precision
-   (products of two doubles, sums over 2^-200..2^60): the only slack is 1e-40 relative to the
+   are evaluated in mpmath at 60 significant digits (the affine parts exactly: products of two
+   doubles summed over a range of < 200 bits; exp, erf, ... to ~1e-59): the only slack is 1e-40 relative to the
    magnitudes involved, far below the verifier's own float64 error terms, so a missing
    float64-error term (e.g. cancellation of large centres) shows up as a failure.
 2. Casts: single- and two-node MatMul graphs through certify_drift(domain="linear") with fp8
@@ -60,9 +60,9 @@ from kcverify.models.ir import from_onnx, load_onnx
 from tests.soundness._helpers import TRAIN, Stats, check_contains, realizations, run, sample_box
 
 ROOT = Path(__file__).resolve().parents[2]
-MP = mpmath.mp.clone() if hasattr(mpmath.mp, "clone") else mpmath.mp
+MP = mpmath.mp.clone()  # a private context: the global mpmath precision is left alone
 MP.dps = 60
-SLACK = mpmath.mpf("1e-40")  # relative to the magnitudes: mpmath's own rounding, nothing else
+SLACK = MP.mpf("1e-40")  # relative to the magnitudes: mpmath's own rounding, nothing else
 
 _mpf = np.frompyfunc(lambda v: MP.mpf(float(v)), 1, 1)
 _mabs = np.frompyfunc(abs, 1, 1)
@@ -381,7 +381,8 @@ def test_from_box(seed: int) -> None:
     t = m + w * rng.choice([-1.0, 1.0, 0.3, -0.7], size=(n, *shape))
     d = dmid + dw * rng.uniform(-1, 1, size=(n, *shape))
     i = np.clip(t + d, il, ih)  # a pair of the box: i in the inference box, i - t in the drift box
-    ok = (i - t >= dmid - dw) & (i - t <= dmid + dw)
+    d_mp = _mp(i) - _mp(t)  # exact: the pair is in the box only if its exact drift is
+    ok = (d_mp >= _mp(dmid - dw)[None]) & (d_mp <= _mp(dmid + dw)[None])
     ft, fi = z.t, z.i
     (gt, gi), u = align([ft, fi])
     G = gt.reshape(u.numel(), -1).numpy()

@@ -127,19 +127,29 @@ def sub_hi(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def imul(al: torch.Tensor, ah: torch.Tensor, bl: torch.Tensor, bh: torch.Tensor
          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Interval product [al, ah] * [bl, bh] (0 * inf read as 0: bounds are of finite values)."""
-    c = torch.stack([al * bl, al * bh, ah * bl, ah * bh])
+    """Interval product [al, ah] * [bl, bh] (0 * inf read as 0: bounds are of finite values).
+    A point given as one tensor for both ends (``bl is bh``) needs two products, not four."""
+    if bl is bh:
+        c = torch.stack([al * bl, ah * bl])
+    elif al is ah:
+        c = torch.stack([al * bl, al * bh])
+    else:
+        c = torch.stack([al * bl, al * bh, ah * bl, ah * bh])
     c = torch.nan_to_num(c, nan=0.0, posinf=math.inf, neginf=-math.inf)
     return c.amin(0), c.amax(0)
 
 
 def mag(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     """max |x| over [lo, hi]."""
+    if lo is hi:
+        return lo.abs()
     return torch.maximum(lo.abs(), hi.abs())
 
 
 def mig(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     """min |x| over [lo, hi] (lo <= hi): max(lo, -hi) is lo, |hi| or negative (0 inside)."""
+    if lo is hi:
+        return lo.abs()
     return torch.maximum(lo, -hi).clamp_min_(0.0)
 
 
@@ -233,8 +243,15 @@ class Box:
         return (self.tl, self.th, self.il, self.ih, self.dl, self.dh)
 
     def map(self, fn: Any) -> Box:
-        """Apply a data-movement function (reshape, transpose, gather...) to all six bounds."""
-        return Box(*(fn(p) for p in self.parts()))
+        """Apply a data-movement function (reshape, transpose, gather...) to all six bounds
+        (once per distinct tensor: bounds given as one tensor stay one tensor)."""
+        done: dict[int, torch.Tensor] = {}
+        out = []
+        for p in self.parts():
+            if id(p) not in done:
+                done[id(p)] = fn(p)
+            out.append(done[id(p)])
+        return Box(*out)
 
     @staticmethod
     def make(tl: torch.Tensor, th: torch.Tensor, il: torch.Tensor, ih: torch.Tensor,

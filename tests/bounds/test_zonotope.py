@@ -16,7 +16,10 @@ the inputs' symbols, so the residual y - c_out - G_out eps must be at most r_out
 2. Casts: single- and two-node MatMul graphs through certify_drift(domain="linear") with fp8
    e4m3 activation casts (dynamic per tensor, per token), point inputs and small boxes, checked
    against conforming realizations; and ``_next_up`` against ml_dtypes for every finite code.
-3. Whole models (slow): tiny_decoder / tiny_encoder, domain="linear", three kernel pairs.
+3. A LayerNorm-MatMul-Gelu-MatMul-residual-Softmax block run by the engine with a ZonoTrack:
+   the output forms *given the input symbols* (fixed by the realized input) must contain every
+   realized output and drift: a check of the generators themselves, not only of their box.
+4. Whole models (slow): tiny_decoder / tiny_encoder, domain="linear", three kernel pairs.
 """
 
 from __future__ import annotations
@@ -552,6 +555,81 @@ def test_cast_matmul(graph: str, scale: str, mode: str) -> None:
                                run(g, ri, fd)["y"].numpy(), f"{graph}/{scale}/{mode}/box{eps}/{ri}")
     assert not stats.violations, "\n".join(stats.violations[:5])
     print(graph, scale, mode, stats.report())
+
+
+# --- forms conditioned on the input: a small block run by the engine, checked per sample -------
+def _block_graph():
+    r = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], name="ln", axis=-1, epsilon=1e-5),
+        helper.make_node("MatMul", ["ln", "w1"], ["h"], name="m1"),
+        helper.make_node("Gelu", ["h"], ["a"], name="gelu"),
+        helper.make_node("MatMul", ["a", "w2"], ["o"], name="m2"),
+        helper.make_node("Add", ["o", "x"], ["res"], name="res"),
+        helper.make_node("Softmax", ["res"], ["y"], name="sm", axis=-1),
+    ]
+    inits = {"g": 1 + r.normal(size=8) * 0.1, "b": r.normal(size=8) * 0.1,
+             "w1": r.normal(size=(8, 12)) * 0.4, "w2": r.normal(size=(12, 8)) * 0.4}
+    return _graph(nodes, [("x", (2, 3, 8))], inits, "blk")
+
+
+@pytest.mark.parametrize("kernel", ["fp8_token", pytest.param("bf16", marks=pytest.mark.slow)])
+def test_block_forms_given_input(kernel: str) -> None:
+    """The forms, not only their boxes: for a realized input x (which fixes the input symbols,
+    eps = (x - mid) / hw), every realized output must lie in c + G_in eps_in +- (sum |G_other| +
+    r), per kernel and for the drift. A rule that keeps the right box but wrong generators (a
+    sign, a lost correlation) fails here."""
+    from kcverify.bounds.engine import expanded, input_box, load_rules, run_graph
+
+    load_rules()
+    spec = (_act_spec("dynamic_per_token") if kernel == "fp8_token"
+            else parse_kernel_spec("inf", {"compute": "bf16", "accumulate": "fp32"}))
+    graph = _block_graph()
+    g = expanded(graph, "zonotope")
+    rng = np.random.default_rng(17)
+    x0 = np.clip(np.round(rng.normal(size=(2, 3, 8)) * 32) / 32, -3.5, 3.5)  # bf16-exact
+    lo, hi = (torch.tensor(x0 + d, dtype=F64) for d in (-0.05, 0.05))
+    zt = ZonoTrack()
+    run_graph(g, TRAIN, spec, {"x": input_box(TRAIN, spec, lo, hi)}, "zonotope",
+              torch.device("cpu"), keep={"x"}, zono=zt)
+    assert "y" in zt.forms, "the output has no forms"
+    zx, zy = zt.forms["x"], zt.forms["y"]
+    ids_in = zx.t.ids
+    Gx = zx.t.G.reshape(zx.t.k, -1).numpy()
+    n_in, worst = 0, 0.0
+    elem = [int(np.flatnonzero(Gx[row])[0]) for row in range(zx.t.k)]  # one symbol per element
+    cx = zx.t.c.reshape(-1).numpy()
+    reals = list(zip(realizations(TRAIN, 4, 51), realizations(spec, 4, 61)))
+    for _ in range(4):
+        x = x0 + rng.integers(-1, 2, size=x0.shape) / 32  # within the box, exact in bf16
+        x_mp = _mp(x.reshape(-1))
+        e_in = np.array([(x_mp[j] - MP.mpf(float(cx[j]))) / MP.mpf(float(Gx[row, j]))
+                         for row, j in enumerate(elem)], dtype=object)
+        assert all(abs(e) <= 1 for e in e_in)
+        for rt, ri in reals:
+            yt, yi = run(graph, rt, {"x": x})["y"].numpy(), run(graph, ri, {"x": x})["y"].numpy()
+            parts = {"train": (_mp(yt), [zy.t], [1]), "inf": (_mp(yi), [zy.i], [1]),
+                     "drift": (_mp(yi) - _mp(yt), [zy.i, zy.t], [1, -1])}  # exact difference
+            for name, (v_mp, forms, signs) in parts.items():
+                gs, u = align(forms)
+                G = sum(sg * gg for sg, gg in zip(signs, gs))
+                c = _mp(forms[0].c) if len(forms) == 1 else _mp(forms[0].c) - _mp(forms[1].c)
+                r = sum(_mp(f.r) for f in forms)
+                is_in = torch.isin(u, ids_in).numpy()
+                pos = {int(i): k for k, i in enumerate(ids_in.tolist())}
+                centre = c.copy()
+                for k in np.flatnonzero(is_in):
+                    centre = centre + _mp(G[k]) * e_in[pos[int(u[k])]]
+                other = G[torch.tensor(~is_in)].abs().sum(0) if (~is_in).any() else torch.zeros_like(G[0])
+                dev = _mabs(v_mp - centre)
+                lim = _mp(other) + r
+                bad = dev > lim
+                assert not bad.any(), (f"{kernel}/{name}: realized {float(v_mp[bad][0])!r} outside the "
+                                       f"form given the input (residual {float(dev[bad][0])!r} > "
+                                       f"{float(lim[bad][0])!r}) for {ri}")
+                worst = max(worst, float(np.max(np.vectorize(float)(dev) / np.maximum(np.vectorize(float)(lim), 1e-300))))
+                n_in += 1
+    print(f"{kernel}: {n_in} conditional checks, worst residual / (other gens + r) {worst:.4f}")
 
 
 # --- whole models (slow) -----------------------------------------------------------------------

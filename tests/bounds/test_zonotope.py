@@ -475,7 +475,8 @@ def test_next_up_every_code(fmt: str) -> None:
 def _graph(nodes: list, inputs: list, inits: dict[str, np.ndarray], name: str):
     vi = [helper.make_tensor_value_info(nm, TensorProto.FLOAT, list(s)) for nm, s in inputs]
     g = helper.make_graph(nodes, name, vi, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+                          [numpy_helper.from_array(v.astype(np.float32) if v.dtype.kind == "f" else v, k)
+                           for k, v in inits.items()])
     return from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), name)
 
 
@@ -573,63 +574,113 @@ def _block_graph():
     return _graph(nodes, [("x", (2, 3, 8))], inits, "blk")
 
 
-@pytest.mark.parametrize("kernel", ["fp8_token", pytest.param("bf16", marks=pytest.mark.slow)])
-def test_block_forms_given_input(kernel: str) -> None:
-    """The forms, not only their boxes: for a realized input x (which fixes the input symbols,
-    eps = (x - mid) / hw), every realized output must lie in c + G_in eps_in +- (sum |G_other| +
-    r), per kernel and for the drift. A rule that keeps the right box but wrong generators (a
-    sign, a lost correlation) fails here."""
+def _ops_graph():
+    """Most zonotope rules on one input: products, Div by a form, smooth unary ops, Relu,
+    Concat, Where, movement (Transpose, Reshape, Slice) and a bilinear MatMul."""
+    r = np.random.default_rng(6)
+    mk = helper.make_node
+    nodes = [
+        mk("Mul", ["x", "x"], ["sq"], name="sq"), mk("Add", ["sq", "one"], ["sq1"], name="sq1"),
+        mk("Sqrt", ["sq1"], ["rt"], name="rt"), mk("Div", ["x", "rt"], ["dv"], name="dv"),
+        mk("Sub", ["dv", "tenth"], ["sb"], name="sb"), mk("Relu", ["sb"], ["re"], name="re"),
+        mk("Tanh", ["x"], ["th"], name="th"), mk("Neg", ["x"], ["ng"], name="ng"),
+        mk("Exp", ["ng"], ["ex"], name="ex"), mk("Add", ["ex", "one"], ["ex1"], name="ex1"),
+        mk("Reciprocal", ["ex1"], ["rc"], name="rc"), mk("Sigmoid", ["x"], ["sg"], name="sg"),
+        mk("Erf", ["x"], ["ef"], name="ef"), mk("Gelu", ["x"], ["gl"], name="gl", approximate="tanh"),
+        mk("Concat", ["re", "th", "rc"], ["cc"], name="cc", axis=-1),
+        mk("Where", ["mask", "cc", "wc"], ["wh"], name="wh"),
+        mk("Transpose", ["wh"], ["tr"], name="tr", perm=[0, 2, 1]),
+        mk("MatMul", ["wh", "tr"], ["bl"], name="bl"),
+        mk("Reshape", ["bl", "shp"], ["rs"], name="rs"),
+        mk("Slice", ["rs", "st", "en", "ax"], ["sl"], name="sl"),
+        mk("Mul", ["sg", "ef"], ["se"], name="se"), mk("Sub", ["se", "gl"], ["y0"], name="y0"),
+        mk("Mul", ["y0", "w8"], ["y"], name="y"),
+    ]
+    inits = {"one": np.array(1.0), "tenth": np.array(0.1),
+             "mask": r.uniform(size=(3, 24)) < 0.5, "wc": r.normal(size=(3, 24)),
+             "shp": np.array([2, 9], dtype=np.int64), "st": np.array([1], dtype=np.int64),
+             "en": np.array([8], dtype=np.int64), "ax": np.array([1], dtype=np.int64),
+             "w8": r.normal(size=8)}
+    return _graph(nodes, [("x", (2, 3, 8))], inits, "ops")
+
+
+def _forms_given_input(graph, spec, names: list[str], n_x: int, n_real: int, seed: int) -> str:
+    """Run ``graph`` through the engine with a ZonoTrack on a box around a bf16-exact point; then
+    for realized inputs x in the box (which fix the input symbols, eps = (x - mid) / hw), every
+    realized value of each tensor in ``names`` (train, inference and their exact difference)
+    must lie in c + G_in eps_in +- (sum |G_other| + r)."""
     from kcverify.bounds.engine import expanded, input_box, load_rules, run_graph
 
     load_rules()
-    spec = (_act_spec("dynamic_per_token") if kernel == "fp8_token"
-            else parse_kernel_spec("inf", {"compute": "bf16", "accumulate": "fp32"}))
-    graph = _block_graph()
-    g = expanded(graph, "zonotope")
-    rng = np.random.default_rng(17)
+    rng = np.random.default_rng(seed)
     x0 = np.clip(np.round(rng.normal(size=(2, 3, 8)) * 32) / 32, -3.5, 3.5)  # bf16-exact
     lo, hi = (torch.tensor(x0 + d, dtype=F64) for d in (-0.05, 0.05))
     zt = ZonoTrack()
-    run_graph(g, TRAIN, spec, {"x": input_box(TRAIN, spec, lo, hi)}, "zonotope",
-              torch.device("cpu"), keep={"x"}, zono=zt)
-    assert "y" in zt.forms, "the output has no forms"
-    zx, zy = zt.forms["x"], zt.forms["y"]
+    run_graph(expanded(graph, "zonotope"), TRAIN, spec, {"x": input_box(TRAIN, spec, lo, hi)},
+              "zonotope", torch.device("cpu"), keep={"x", *names}, zono=zt)
+    missing = [nm for nm in names if nm not in zt.forms]
+    assert not missing, f"no forms for {missing}"
+    zx = zt.forms["x"]
     ids_in = zx.t.ids
     Gx = zx.t.G.reshape(zx.t.k, -1).numpy()
-    n_in, worst = 0, 0.0
     elem = [int(np.flatnonzero(Gx[row])[0]) for row in range(zx.t.k)]  # one symbol per element
     cx = zx.t.c.reshape(-1).numpy()
-    reals = list(zip(realizations(TRAIN, 4, 51), realizations(spec, 4, 61)))
-    for _ in range(4):
+    pos = {int(i): k for k, i in enumerate(ids_in.tolist())}
+    n_in, worst = 0, 0.0
+    reals = list(zip(realizations(TRAIN, n_real, seed + 1), realizations(spec, n_real, seed + 2)))
+    for _ in range(n_x):
         x = x0 + rng.integers(-1, 2, size=x0.shape) / 32  # within the box, exact in bf16
         x_mp = _mp(x.reshape(-1))
         e_in = np.array([(x_mp[j] - MP.mpf(float(cx[j]))) / MP.mpf(float(Gx[row, j]))
                          for row, j in enumerate(elem)], dtype=object)
         assert all(abs(e) <= 1 for e in e_in)
         for rt, ri in reals:
-            yt, yi = run(graph, rt, {"x": x})["y"].numpy(), run(graph, ri, {"x": x})["y"].numpy()
-            parts = {"train": (_mp(yt), [zy.t], [1]), "inf": (_mp(yi), [zy.i], [1]),
-                     "drift": (_mp(yi) - _mp(yt), [zy.i, zy.t], [1, -1])}  # exact difference
-            for name, (v_mp, forms, signs) in parts.items():
-                gs, u = align(forms)
-                G = sum(sg * gg for sg, gg in zip(signs, gs))
-                c = _mp(forms[0].c) if len(forms) == 1 else _mp(forms[0].c) - _mp(forms[1].c)
-                r = sum(_mp(f.r) for f in forms)
-                is_in = torch.isin(u, ids_in).numpy()
-                pos = {int(i): k for k, i in enumerate(ids_in.tolist())}
-                centre = c.copy()
-                for k in np.flatnonzero(is_in):
-                    centre = centre + _mp(G[k]) * e_in[pos[int(u[k])]]
-                other = G[torch.tensor(~is_in)].abs().sum(0) if (~is_in).any() else torch.zeros_like(G[0])
-                dev = _mabs(v_mp - centre)
-                lim = _mp(other) + r
-                bad = dev > lim
-                assert not bad.any(), (f"{kernel}/{name}: realized {float(v_mp[bad][0])!r} outside the "
-                                       f"form given the input (residual {float(dev[bad][0])!r} > "
-                                       f"{float(lim[bad][0])!r}) for {ri}")
-                worst = max(worst, float(np.max(np.vectorize(float)(dev) / np.maximum(np.vectorize(float)(lim), 1e-300))))
-                n_in += 1
-    print(f"{kernel}: {n_in} conditional checks, worst residual / (other gens + r) {worst:.4f}")
+            vt, vi = run(graph, rt, {"x": x}, keep=True), run(graph, ri, {"x": x}, keep=True)
+            for nm in names:
+                z = zt.forms[nm]
+                yt, yi = _mp(vt[nm].double()), _mp(vi[nm].double())
+                parts = {"train": (yt, [z.t], [1]), "inf": (yi, [z.i], [1]),
+                         "drift": (yi - yt, [z.i, z.t], [1, -1])}  # the exact difference
+                for part, (v_mp, forms, signs) in parts.items():
+                    gs, u = align(forms)
+                    G = sum(sg * gg for sg, gg in zip(signs, gs))
+                    c = _mp(forms[0].c) if len(forms) == 1 else _mp(forms[0].c) - _mp(forms[1].c)
+                    r = sum(_mp(f.r) for f in forms)
+                    is_in = torch.isin(u, ids_in)
+                    centre = c.copy()
+                    for k in torch.nonzero(is_in).reshape(-1).tolist():
+                        centre = centre + _mp(G[k]) * e_in[pos[int(u[k])]]
+                    other = G[~is_in].abs().sum(0) if bool((~is_in).any()) else torch.zeros_like(forms[0].c)
+                    dev = _mabs(v_mp - centre)
+                    lim = _mp(other) + r
+                    bad = dev > lim
+                    assert not bad.any(), (
+                        f"{nm}/{part}: realized {float(v_mp[bad][0])!r} outside the form given the "
+                        f"input (residual {float(dev[bad][0])!r} > {float(lim[bad][0])!r}) for {ri}")
+                    ratio = np.vectorize(float)(dev) / np.maximum(np.vectorize(float)(lim), 1e-300)
+                    worst = max(worst, float(np.max(ratio)))
+                    n_in += 1
+    return f"{n_in} conditional checks, worst residual / (other generators + r) {worst:.4f}"
+
+
+@pytest.mark.parametrize("kernel", ["fp8_token", pytest.param("bf16", marks=pytest.mark.slow)])
+def test_block_forms_given_input(kernel: str) -> None:
+    """The forms, not only their boxes: a rule that keeps the right box but wrong generators
+    (a sign, a lost correlation) fails here."""
+    spec = (_act_spec("dynamic_per_token") if kernel == "fp8_token"
+            else parse_kernel_spec("inf", {"compute": "bf16", "accumulate": "fp32"}))
+    names = ["ln", "h", "a", "o", "res", "y"]
+    print(kernel, _forms_given_input(_block_graph(), spec, names, n_x=4, n_real=4, seed=17))
+
+
+@pytest.mark.parametrize("kernel", ["bf16", pytest.param("fp16_any", marks=pytest.mark.slow)])
+def test_ops_forms_given_input(kernel: str) -> None:
+    spec = parse_kernel_spec("inf", {"compute": "bf16" if kernel == "bf16" else "fp16",
+                                     "accumulate": "fp32",
+                                     **({"rounding": "any"} if kernel == "fp16_any" else {})})
+    names = ["sq", "rt", "dv", "re", "th", "ex", "rc", "sg", "ef", "gl", "cc", "wh", "tr", "bl",
+             "rs", "sl", "se", "y0", "y"]
+    print(kernel, _forms_given_input(_ops_graph(), spec, names, n_x=3, n_real=3, seed=23))
 
 
 # --- whole models (slow) -----------------------------------------------------------------------

@@ -380,7 +380,8 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
         lin = dict(linear_inputs)
         m = int(next(iter(linear_inputs.values())).t.A.shape[-1])
     zono = None
-    if domain in ("linear", "best", "zonotope"):
+    rows = max((d.shape[0] for d in in_state.values() if len(d.shape) >= 2), default=1)
+    if domain in ("linear", "zonotope") or (domain == "best" and rows <= ZONO_BEST_ROWS):
         from kcverify.bounds.zonotope import ZonoTrack
 
         zono = ZonoTrack()
@@ -393,6 +394,9 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
 
 
 MAX_LINEAR_VARS = 2048
+# `best` adds the zonotope for batches up to this size: its symbols are shared by the batch rows,
+# so a large batch leaves each row a sliver of the memory budget for the cost of all of it
+ZONO_BEST_ROWS = 2
 
 
 def _linear_inputs(st: Mapping[str, Any]) -> dict[str, Any] | None:

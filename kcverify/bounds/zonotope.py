@@ -337,9 +337,16 @@ class ZonoTrack:
         m = f.r > 0
         if rel > 0:
             m = m & (f.r > rel * (f.r + f.gsum()))
-        idx = torch.nonzero(m.reshape(-1)).reshape(-1)
+        cap = self.cap_for(f)
+        if int(m.sum()) > cap:  # memory: only the largest errors become symbols
+            thr = torch.topk(torch.where(m, f.r, torch.zeros_like(f.r)).reshape(-1), cap).values[-1]
+            m = m & (f.r >= thr)
+        idx = torch.nonzero(m.reshape(-1)).reshape(-1)[:cap]
         if idx.numel() == 0:
             return f
+        m = torch.zeros(f.r.numel(), dtype=torch.bool, device=f.r.device)
+        m[idx] = True
+        m = m.reshape(f.r.shape)
         numel = f.c.numel()
         g_new = torch.zeros((idx.numel(), numel), dtype=F64, device=f.c.device)
         g_new[torch.arange(idx.numel(), device=f.c.device), idx] = f.r.reshape(-1)[idx]
@@ -347,11 +354,20 @@ class ZonoTrack:
         ids = torch.cat([f.ids, torch.arange(self.k, self.k + idx.numel(), dtype=torch.int64)])
         self.k += idx.numel()
         r = torch.where(m, torch.zeros_like(f.r), f.r)
-        return Form(f.c, G, r, ids).cap(self.cap_for(f))
+        return Form(f.c, G, r, ids).cap(cap)
 
     def binary_symbols(self, f: Form, coef: torch.Tensor) -> Form:
         """New binary symbols (values -1 or +1), one per element where ``coef`` != 0."""
         idx = torch.nonzero(coef.reshape(-1) != 0).reshape(-1)
+        cap = self.cap_for(f)
+        if idx.numel() > cap:  # memory: the largest become symbols, the rest noise in r
+            keep = torch.topk(coef.reshape(-1)[idx].abs(), cap).indices
+            rest = torch.ones(idx.numel(), dtype=torch.bool, device=idx.device)
+            rest[keep] = False
+            extra = torch.zeros(coef.numel(), dtype=F64, device=coef.device)
+            extra[idx[rest]] = coef.reshape(-1)[idx[rest]].abs()
+            f = f.like(f.c, f.G, pad_hi(f.r + extra.reshape(f.r.shape)))
+            idx = torch.sort(idx[keep]).values
         numel = f.c.numel()
         g_new = torch.zeros((idx.numel(), numel), dtype=F64, device=f.c.device)
         g_new[torch.arange(idx.numel(), device=f.c.device), idx] = coef.reshape(-1)[idx]
@@ -917,22 +933,15 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
     return out, c_lo, c_hi
 
 
-def _matmul_rule(zt, ctx, states, boxes, results):
-    a, b = states
-    if any(isinstance(s, Concrete) and s.value.dim() < 2 for s in (a, b)):
-        return None
-    if any(isinstance(s, ZState) and s.t.c.dim() < 2 for s in (a, b)):
-        return None
-    aw, bw = ctx.node.inputs[0] in ctx.constants, ctx.node.inputs[1] in ctx.constants
-    # weights enter as they are (cast exactly by the spec), like the interval rule
-    a = zt.raw[0] if aw and isinstance(zt.raw[0], Concrete) else a
-    b = zt.raw[1] if bw and isinstance(zt.raw[1], Concrete) else b
+def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
+                 box_b: Box | None, aw: bool, bw: bool) -> ZState | None:
+    """(cast A) @ (cast B) for both kernels, accumulated in any order and rounded."""
     a = zt.symbolize(a) if isinstance(a, ZState) else a
     b = zt.symbolize(b) if isinstance(b, ZState) else b
     out = []
     for k, spec in enumerate(ctx.kernels):
-        fa, a_lo, a_hi = _cast_operand(zt, ctx, spec, a, boxes[0], k, aw, "left", -2, -1)
-        fb, b_lo, b_hi = _cast_operand(zt, ctx, spec, b, boxes[1], k, bw, "right", -1, -2)
+        fa, a_lo, a_hi = _cast_operand(zt, ctx, spec, a, box_a, k, aw, "left", -2, -1)
+        fb, b_lo, b_hi = _cast_operand(zt, ctx, spec, b, box_b, k, bw, "right", -1, -2)
         if isinstance(fa, torch.Tensor) and isinstance(fb, torch.Tensor):
             return None
         # the cast errors as symbols: one straddled rounding moves a whole row/column together
@@ -950,6 +959,66 @@ def _matmul_rule(zt, ctx, states, boxes, results):
         y = _add_err(y, acc)
         y = _round(ctx, spec, "mul", y, steps=2)
         out.append(y)
+    return ZState(*out)
+
+
+def _weights_raw(zt: ZonoTrack, ctx: RuleCtx, states: list) -> tuple[list, list[bool]]:
+    """Constant operands enter as they are (cast exactly by the spec), like the interval rule."""
+    flags = [ctx.node.inputs[j] in ctx.constants for j in range(2)]
+    ops = [zt.raw[j] if flags[j] and isinstance(zt.raw[j], Concrete) else states[j] for j in range(2)]
+    return ops, flags
+
+
+def _matmul_rule(zt, ctx, states, boxes, results):
+    a, b = states
+    if any(isinstance(s, Concrete) and s.value.dim() < 2 for s in (a, b)):
+        return None
+    if any(isinstance(s, ZState) and s.t.c.dim() < 2 for s in (a, b)):
+        return None
+    (a, b), (aw, bw) = _weights_raw(zt, ctx, [a, b])
+    return _matmul_core(zt, ctx, a, b, boxes[0], boxes[1], aw, bw)
+
+
+def _transposed(x: Any) -> Any:
+    if x is None:
+        return None
+    if isinstance(x, Concrete):
+        return Concrete(x.value.transpose(0, 1), x.rounds)
+    if isinstance(x, Box):
+        return x.map(lambda t: t.transpose(0, 1))
+    return ZState(*(f.like(f.c.transpose(0, 1), f.G.transpose(1, 2), f.r.transpose(0, 1))
+                    for f in x.forms()))
+
+
+@zrule("Gemm")
+def _gemm(zt, ctx, states, boxes, results):
+    """alpha * A' B' + beta * C, each step rounded as in the interval rule."""
+    a, b = states[0], states[1]
+    c = states[2] if len(states) > 2 else None
+    if any(isinstance(s, ZState) and s.t.c.dim() != 2 for s in (a, b)):
+        return None
+    (a, b), (aw, bw) = _weights_raw(zt, ctx, [a, b])
+    ta, tb = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    box_a, box_b = boxes[0], boxes[1]
+    if ta:
+        a, box_a = _transposed(a), _transposed(box_a)
+    if tb:
+        b, box_b = _transposed(b), _transposed(box_b)
+    y = _matmul_core(zt, ctx, a, b, box_a, box_b, aw, bw)
+    if y is None:
+        return None
+    out = []
+    for k, spec in enumerate(ctx.kernels):
+        f = y.forms()[k]
+        if alpha != 1.0:
+            f = _round(ctx, spec, "mul", f_scale(f, torch.tensor(alpha, dtype=F64)))
+        if c is not None and beta != 0.0:
+            fc = _as_z(c, ctx).forms()[k]
+            if beta != 1.0:
+                fc = _round(ctx, spec, "mul", f_scale(fc, torch.tensor(beta, dtype=F64)))
+            f = _round(ctx, spec, "add", f_add(f, fc))
+        out.append(f)
     return ZState(*out)
 
 

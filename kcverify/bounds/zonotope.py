@@ -1105,8 +1105,10 @@ def _softmax(zt, ctx, states, boxes, results):
     for k, spec in enumerate(ctx.kernels):
         f = x.forms()[k]
         lo, hi = in_bounds(x, box, k)
-        masked = ~torch.isfinite(f.c) | (hi < -1e30)
-        if bool((masked & ~(hi < -1e30)).any()):
+        # masked entries: -inf in every program (exp gives exactly 0); a finite mask such as
+        # finfo.min goes through exp like any value (its eta error then counts)
+        masked = ~torch.isfinite(f.c)
+        if bool((masked & ~(hi == -float("inf"))).any()):
             return None
         zero = const_form(torch.zeros_like(f.c))
         fz = f_select(~masked, f, zero)

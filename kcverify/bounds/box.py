@@ -280,7 +280,8 @@ class Box:
         return torch.minimum(self.tl, self.il), torch.maximum(self.th, self.ih)
 
     def to_diffbox(self) -> DiffBox:
-        a = [p.detach().to("cpu", F64).numpy().copy() for p in self.parts()]
+        # views: DiffBox.__post_init__ builds fresh arrays (np.where), so nothing is shared
+        a = [p.detach().to("cpu", F64).numpy() for p in self.parts()]
         return DiffBox(*a)
 
 

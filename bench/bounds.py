@@ -87,7 +87,11 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--eps", type=float, default=0.01)
     ap.add_argument("--programs", type=int, default=3, help="program pairs the falsifier runs")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: with more, small tensors mostly measure BLAS/OpenMP "
+                         "start-up, for the forward pass and the bounds alike)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     from kcverify.commands.bound import load_kernels
 

@@ -448,8 +448,10 @@ def blocks_of(graph: Graph) -> list[Any]:
     except ImportError:  # pragma: no cover - the segmenter ships with the package
         segment = None
     if segment is not None:
-        try:
-            return list(segment(graph))
+        from kcverify.bounds.decompose import memo
+
+        try:  # remembered per graph object (decompose.memo): segmenting costs a few ms a call
+            return list(memo(graph, ("blocks",), lambda: list(segment(graph))))
         except Exception:  # noqa: BLE001 - a model the segmenter cannot cut: one block
             pass
     return [_WholeGraph("model", "other", graph, tuple(v.name for v in graph.inputs),

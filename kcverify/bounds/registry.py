@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kcverify.bounds.box import Box, Concrete, mag, meet_hi, meet_lo, pad_hi, pad_lo
+from kcverify.bounds.box import Box, Concrete, meet_hi, meet_lo, pad_hi, pad_lo, round_bounds
 from kcverify.kernels.spec import KernelSpec
 from kcverify.models.ir import Node
 
@@ -94,16 +94,7 @@ class RuleCtx:
             return lo, hi, torch.zeros_like(lo)
         r = (1 + self.rel(spec, prim)) ** steps - 1
         eta = spec.compute.eta * steps * (1 + r)
-        lo2 = pad_lo(lo - r * lo.abs() - eta, 1e-15)
-        hi2 = pad_hi(hi + r * hi.abs() + eta, 1e-15)
-        lo2 = torch.where(torch.isfinite(lo), lo2, lo)  # an infinite value stays itself
-        hi2 = torch.where(torch.isfinite(hi), hi2, hi)
-        mf = spec.compute.max_finite
-        lo2 = torch.where(lo2 < -mf, torch.full_like(lo2, -float("inf")), lo2)
-        hi2 = torch.where(hi2 > mf, torch.full_like(hi2, float("inf")), hi2)
-        err = pad_hi(r * mag(lo, hi) + eta, 1e-15)
-        err = torch.where(torch.isfinite(err), err, torch.zeros_like(err))
-        return lo2, hi2, err
+        return round_bounds(lo, hi, r, eta, spec.compute.max_finite)
 
     def lift(self, x: State) -> Box:
         """A Concrete float value as a box: exact in both kernels up to the rounding steps a
@@ -117,11 +108,11 @@ class RuleCtx:
         c = x.value.to(self.device, torch.float64)
         parts = []
         for spec in self.kernels:
-            steps = max(x.rounds, 1)
-            lo, hi, _ = self.round(spec, "add", c, c, steps=steps)
             if spec.compute.name == "fp64" or (x.rounds == 0 and spec.compute.u <= 2.0**-24
                                                and _is_f32(x.value)):
                 lo, hi = c, c
+            else:
+                lo, hi, _ = self.round(spec, "add", c, c, steps=max(x.rounds, 1))
             parts += [lo, hi]
         finite = torch.isfinite(c)
         dl, dh = parts[2] - parts[1], parts[3] - parts[0]

@@ -744,10 +744,9 @@ _register_unary()
 
 
 def _gelu_rule(zt, ctx, states, boxes, results):
-    from kcverify.bounds.rules.activation import gelu_df, gelu_drange, gelu_f
+    from kcverify.bounds.rules.activation import gelu_df, gelu_drange, gelu_error, gelu_f
 
     form = "tanh" if str(ctx.attr("approximate", "none")) == "tanh" else "none"
-    prim = "tanh" if form == "tanh" else "erf"
     x = states[0]
     out = []
     for k, spec in enumerate(ctx.kernels):
@@ -757,11 +756,7 @@ def _gelu_rule(zt, ctx, states, boxes, results):
         if y is None:
             return None
         f_lo, f_hi = y.bounds()
-        u, eta = spec.compute.u, spec.compute.eta
-        cst = (7 + spec.ulp(prim)) if form == "tanh" else (5 + spec.ulp(prim))
-        err = pad_hi((0.5 * cst * mag(lo, hi) + 1.1 * mag(f_lo, f_hi)) * u + (mag(lo, hi) + 2) * eta,
-                     1e-6)
-        out.append(_add_err(y, err))
+        out.append(_add_err(y, gelu_error(spec, lo, hi, f_lo, f_hi, form)))
     return ZState(*out)
 
 

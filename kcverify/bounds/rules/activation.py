@@ -111,17 +111,24 @@ def gelu_drange(lo: torch.Tensor, hi: torch.Tensor, form: str) -> tuple[torch.Te
     return pad_lo(g_lo), pad_hi(g_hi)
 
 
-def gelu_box(ctx: RuleCtx, x: Box, form: str) -> Box:
+def gelu_error(spec, lo: torch.Tensor, hi: torch.Tensor, f_lo: torch.Tensor, f_hi: torch.Tensor,
+               form: str) -> torch.Tensor:
+    """|realized - exact| for x in [lo, hi], f(x) in [f_lo, f_hi] (module doc: fused or
+    decomposed GELU)."""
     prim = "tanh" if form == "tanh" else "erf"
+    u, eta = spec.compute.u, spec.compute.eta
+    k = spec.ulp(prim)
+    c = (7 + k) if form == "tanh" else (5 + k)
+    return pad_hi((0.5 * c * mag(lo, hi) + 1.1 * mag(f_lo, f_hi)) * u + (mag(lo, hi) + 2) * eta,
+                  1e-6)
+
+
+def gelu_box(ctx: RuleCtx, x: Box, form: str) -> Box:
     outs = []
     errs = []
     for spec, lo, hi in ((ctx.train, x.tl, x.th), (ctx.inf, x.il, x.ih)):
         f_lo, f_hi = gelu_range(lo, hi, form)
-        u, eta = spec.compute.u, spec.compute.eta
-        k = spec.ulp(prim)
-        c = (7 + k) if form == "tanh" else (5 + k)
-        err = pad_hi((0.5 * c * mag(lo, hi) + 1.1 * mag(f_lo, f_hi)) * u + (mag(lo, hi) + 2) * eta,
-                     1e-6)
+        err = gelu_error(spec, lo, hi, f_lo, f_hi, form)
         outs += [f_lo - err, f_hi + err]
         errs.append(err)
         ft = (f_lo, f_hi) if spec is ctx.train else None

@@ -34,7 +34,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from kcverify.bounds import Region, certify_drift
-from kcverify.bounds.box import Box
+from kcverify.bounds.box import Box, Concrete
 from kcverify.bounds.rules.activation import gelu_df, gelu_drange, gelu_f
 from kcverify.bounds.rules.elementwise import _erf_d, _exp_d, _tanh_d
 from kcverify.bounds.zonotope import (
@@ -604,63 +604,80 @@ def _ops_graph():
     return _graph(nodes, [("x", (2, 3, 8))], inits, "ops")
 
 
-def _forms_given_input(graph, spec, names: list[str], n_x: int, n_real: int, seed: int) -> str:
+def _forms_given_input(graph, spec, names: list[str] | None, n_x: int, n_real: int, seed: int,
+                       x_name: str = "x", x0: np.ndarray | None = None,
+                       extra: dict[str, np.ndarray] | None = None, step: float = 1 / 32) -> str:
     """Run ``graph`` through the engine with a ZonoTrack on a box around a bf16-exact point; then
     for realized inputs x in the box (which fix the input symbols, eps = (x - mid) / hw), every
     realized value of each tensor in ``names`` (train, inference and their exact difference)
-    must lie in c + G_in eps_in +- (sum |G_other| + r)."""
+    must lie in c + G_in eps_in +- (sum |G_other| + r). ``names`` None: every tensor with forms;
+    ``extra``: further (non-float) inputs, exact."""
     from kcverify.bounds.engine import expanded, input_box, load_rules, run_graph
 
     load_rules()
     rng = np.random.default_rng(seed)
-    x0 = np.clip(np.round(rng.normal(size=(2, 3, 8)) * 32) / 32, -3.5, 3.5)  # bf16-exact
-    lo, hi = (torch.tensor(x0 + d, dtype=F64) for d in (-0.05, 0.05))
+    if x0 is None:
+        x0 = np.clip(np.round(rng.normal(size=(2, 3, 8)) * 32) / 32, -3.5, 3.5)  # bf16-exact
+    extra = extra or {}
+    lo, hi = (torch.tensor(x0 + d, dtype=F64) for d in (-1.6 * step, 1.6 * step))
     zt = ZonoTrack()
-    run_graph(expanded(graph, "zonotope"), TRAIN, spec, {"x": input_box(TRAIN, spec, lo, hi)},
-              "zonotope", torch.device("cpu"), keep={"x", *names}, zono=zt)
+    state = {x_name: input_box(TRAIN, spec, lo, hi), **{k: Concrete(torch.as_tensor(v)) for k, v in extra.items()}}
+    every = [o for n in graph.nodes for o in n.outputs if o]
+    run_graph(expanded(graph, "zonotope"), TRAIN, spec, state, "zonotope", torch.device("cpu"),
+              keep={x_name, *(names or every)}, zono=zt)
+    if names is None:
+        names = [o for o in every if o in zt.forms]
     missing = [nm for nm in names if nm not in zt.forms]
     assert not missing, f"no forms for {missing}"
-    zx = zt.forms["x"]
+    zx = zt.forms[x_name]
     ids_in = zx.t.ids
-    Gx = zx.t.G.reshape(zx.t.k, -1).numpy()
-    elem = [int(np.flatnonzero(Gx[row])[0]) for row in range(zx.t.k)]  # one symbol per element
-    cx = zx.t.c.reshape(-1).numpy()
-    pos = {int(i): k for k, i in enumerate(ids_in.tolist())}
+    Gx = zx.t.G.reshape(zx.t.k, -1)
+    elem = Gx.abs().argmax(1)  # one symbol per input element
+    g_el = Gx[torch.arange(zx.t.k), elem]
+    assert bool((Gx.abs().sum(1) == g_el.abs()).all())
+    cx = zx.t.c.reshape(-1)[elem]
     n_in, worst = 0, 0.0
     reals = list(zip(realizations(TRAIN, n_real, seed + 1), realizations(spec, n_real, seed + 2)))
+    # float64 with its rounding error bounded: |fl(c + G eps) - (c + G eps)| <= (k + 4) 2^-52
+    # (|c| + |G||eps|) covers the products, the sum and eps = (x - c) / g (3 roundings)
+    U = 2.0**-52
     for _ in range(n_x):
-        x = x0 + rng.integers(-1, 2, size=x0.shape) / 32  # within the box, exact in bf16
-        x_mp = _mp(x.reshape(-1))
-        e_in = np.array([(x_mp[j] - MP.mpf(float(cx[j]))) / MP.mpf(float(Gx[row, j]))
-                         for row, j in enumerate(elem)], dtype=object)
-        assert all(abs(e) <= 1 for e in e_in)
+        x = x0 + rng.integers(-1, 2, size=x0.shape) * step  # within the box, exact in bf16
+        eps_in = (torch.as_tensor(x, dtype=F64).reshape(-1)[elem] - cx) / g_el
+        assert bool((eps_in.abs() <= 1 + 4 * U).all())
         for rt, ri in reals:
-            vt, vi = run(graph, rt, {"x": x}, keep=True), run(graph, ri, {"x": x}, keep=True)
+            feeds = {x_name: x, **extra}
+            vt, vi = run(graph, rt, feeds, keep=True), run(graph, ri, feeds, keep=True)
             for nm in names:
                 z = zt.forms[nm]
-                yt, yi = _mp(vt[nm].double()), _mp(vi[nm].double())
-                parts = {"train": (yt, [z.t], [1]), "inf": (yi, [z.i], [1]),
-                         "drift": (yi - yt, [z.i, z.t], [1, -1])}  # the exact difference
-                for part, (v_mp, forms, signs) in parts.items():
+                yt, yi = vt[nm].double(), vi[nm].double()
+                parts = {"train": (yt, [z.t], [1], 0 * yt), "inf": (yi, [z.i], [1], 0 * yi),
+                         "drift": (yi - yt, [z.i, z.t], [1, -1], U * (yi - yt).abs())}
+                for part, (v, forms, signs, v_err) in parts.items():
                     gs, u = align(forms)
                     G = sum(sg * gg for sg, gg in zip(signs, gs))
-                    c = _mp(forms[0].c) if len(forms) == 1 else _mp(forms[0].c) - _mp(forms[1].c)
-                    r = sum(_mp(f.r) for f in forms)
+                    c = forms[0].c if len(forms) == 1 else forms[0].c - forms[1].c
+                    c_err = U * c.abs() if len(forms) == 2 else 0 * c
+                    r = sum(f.r for f in forms)
                     is_in = torch.isin(u, ids_in)
-                    centre = c.copy()
-                    for k in torch.nonzero(is_in).reshape(-1).tolist():
-                        centre = centre + _mp(G[k]) * e_in[pos[int(u[k])]]
-                    other = G[~is_in].abs().sum(0) if bool((~is_in).any()) else torch.zeros_like(forms[0].c)
-                    dev = _mabs(v_mp - centre)
-                    lim = _mp(other) + r
-                    bad = dev > lim
-                    assert not bad.any(), (
-                        f"{nm}/{part}: realized {float(v_mp[bad][0])!r} outside the form given the "
+                    e = torch.zeros(u.numel(), dtype=F64)
+                    where = torch.searchsorted(ids_in, u[is_in])
+                    e[is_in] = eps_in[where]
+                    centre = c + torch.tensordot(e, G, dims=1) if u.numel() else c
+                    k = u.numel() + 4
+                    slack = k * U * (c.abs() + torch.tensordot(e.abs(), G.abs(), dims=1) + v.abs()) + 1e-300
+                    other = G[~is_in].abs().sum(0) * (1 + k * U) if bool((~is_in).any()) else 0 * c
+                    lim = other + r + slack + c_err + v_err
+                    dev = (v - centre).abs()
+                    fin = torch.isfinite(v) & torch.isfinite(c)
+                    bad = (dev > lim) & fin
+                    assert not bool(bad.any()), (
+                        f"{nm}/{part}: realized {float(v[bad][0])!r} outside the form given the "
                         f"input (residual {float(dev[bad][0])!r} > {float(lim[bad][0])!r}) for {ri}")
-                    ratio = np.vectorize(float)(dev) / np.maximum(np.vectorize(float)(lim), 1e-300)
-                    worst = max(worst, float(np.max(ratio)))
+                    ratio = torch.where(fin, dev / lim, torch.zeros_like(dev))
+                    worst = max(worst, float(ratio.max()))
                     n_in += 1
-    return f"{n_in} conditional checks, worst residual / (other generators + r) {worst:.4f}"
+    return f"{n_in} conditional checks over {len(names)} tensors, worst residual / (other generators + r) {worst:.4f}"
 
 
 @pytest.mark.parametrize("kernel", ["fp8_token", pytest.param("bf16", marks=pytest.mark.slow)])
@@ -681,6 +698,25 @@ def test_ops_forms_given_input(kernel: str) -> None:
     names = ["sq", "rt", "dv", "re", "th", "ex", "rc", "sg", "ef", "gl", "cc", "wh", "tr", "bl",
              "rs", "sl", "se", "y0", "y"]
     print(kernel, _forms_given_input(_ops_graph(), spec, names, n_x=3, n_real=3, seed=23))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["fp8_token", "w8_fp32"])
+def test_decoder_layer_forms_given_input(kernel: str) -> None:
+    """tiny_decoder's layer1 (attention with its mask, LayerNorm, MLP) on a box around a realized
+    layer input: every tensor's forms given the input symbols."""
+    from kcverify.bounds import blocks_of
+
+    g = load_onnx(ROOT / "models" / "tiny_decoder.onnx")
+    block = next(b for b in blocks_of(g) if b.name == "layer1")
+    feeds = {g.inputs[0].name: np.random.default_rng(3).integers(0, 256, size=(1, 8))}
+    vals = run(g, realizations(TRAIN, 3, 1)[2], feeds, keep=True)  # nearest
+    x_name, *rest = block.inputs
+    x0 = np.clip(np.round(vals[x_name].double().numpy() * 16) / 16, -7.5, 7.5)  # bf16-exact
+    extra = {k: vals[k].numpy() for k in rest}
+    spec = _act_spec("dynamic_per_token") if kernel == "fp8_token" else _model_kernels()["w8_fp32"]
+    print(kernel, _forms_given_input(block.graph, spec, None, n_x=2, n_real=3, seed=29,
+                                     x_name=x_name, x0=x0, extra=extra, step=1 / 16))
 
 
 # --- whole models (slow) -----------------------------------------------------------------------

@@ -18,7 +18,10 @@ the inputs' symbols, so the residual y - c_out - G_out eps must be at most r_out
    against conforming realizations; and ``_next_up`` against ml_dtypes for every finite code.
 3. A LayerNorm-MatMul-Gelu-MatMul-residual-Softmax block run by the engine with a ZonoTrack:
    the output forms *given the input symbols* (fixed by the realized input) must contain every
-   realized output and drift: a check of the generators themselves, not only of their box.
+   realized output and drift: a check of the generators themselves, not only of their box
+   (float64, its rounding bounded and added to the limit). Also a many-op graph (Mul, Div,
+   Sqrt, Relu, Tanh, Exp, Reciprocal, Sigmoid, Erf, Gelu, Concat, Where, Transpose, Reshape,
+   Slice, bilinear MatMul) and, slow, tiny_decoder's layer1 on a box around a realized input.
 4. Whole models (slow): tiny_decoder / tiny_encoder, domain="linear", three kernel pairs.
 """
 

@@ -730,7 +730,8 @@ def _model_kernels() -> dict:
         "w8_fp32": parse_kernel_spec("inf", {"weights": {"format": "fp8_e4m3", "scale": "per_channel"},
                                              "accumulate": "fp32", "compute": "fp32"}),
         "fp8_deploy": load_kernels(str(ROOT / "examples/contracts/fp8-deploy.yaml"))[1],
-        "bf16": parse_kernel_spec("inf", {"compute": "bf16", "accumulate": "fp32"}),
+        # bf16 compute is left out: its whole-model bound is astronomically large (1e200+), so
+        # containment could not fail, and it costs minutes (the ops graphs above cover bf16)
     }
 
 
@@ -759,6 +760,6 @@ def test_models_linear(name: str) -> None:
         print(f"{name}/{kname}: certified linf {bound:.4g}, largest realized drift {drift:.4g}, "
               f"ratio {bound / max(drift, 1e-300):.3g}; {stats.report()}")
         assert not stats.violations, "\n".join(stats.violations[:5])
-        if name == "tiny_decoder" and kname == "w8_fp32":
+        if kname == "w8_fp32":  # measured 1.04 (decoder) and 1.03 (encoder)
             assert np.isfinite(bound)
             assert bound <= 3 * drift, f"bound {bound} > 3 x realized drift {drift}"

@@ -349,12 +349,15 @@ def _to_diffbox(x: Any, ctx: RuleCtx) -> DiffBox:
     return DiffBox.point(x.value.detach().to("cpu").to(F64).numpy())
 
 
+def _is_point(d: DiffBox) -> bool:
+    a = d.arrays()
+    return (np.array_equal(a[0], a[1]) and np.array_equal(a[2], a[3]) and np.array_equal(a[0], a[2])
+            and not np.any(a[4]) and not np.any(a[5]))
+
+
 def _from_diffbox(graph: Graph, name: str, d: DiffBox, dev: torch.device) -> Any:
-    arrays = d.arrays()
-    is_point = (np.array_equal(arrays[0], arrays[1]) and np.array_equal(arrays[2], arrays[3])
-                and np.array_equal(arrays[0], arrays[2]) and not np.any(arrays[4]) and not np.any(arrays[5]))
-    if is_point and _is_int(graph, name):
-        return Concrete(torch.as_tensor(arrays[0].astype(np.int64), device=dev))
+    if _is_int(graph, name) and _is_point(d):
+        return Concrete(torch.as_tensor(d.arrays()[0].astype(np.int64), device=dev))
     return d.to_box(dev)
 
 
@@ -380,7 +383,8 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
         lin = dict(linear_inputs)
         m = int(next(iter(linear_inputs.values())).t.A.shape[-1])
     zono = None
-    rows = max((d.shape[0] for d in in_state.values() if len(d.shape) >= 2), default=1)
+    rows = max((d.shape[0] for d in in_state.values()
+                if len(d.shape) >= 2 and not _is_point(d)), default=1)  # masks are points
     if domain in ("linear", "zonotope") or (domain == "best" and rows <= ZONO_BEST_ROWS):
         from kcverify.bounds.zonotope import ZonoTrack
 

@@ -51,7 +51,6 @@ TINY = 2.0**-1000
 F64 = torch.float64
 K_MAX = 16384           # symbols one form may keep (order reduction beyond)
 ELEMENT_BUDGET = 2**24  # and at most this many generator entries (k * numel) per form
-SYMBOLIZE_REL = 0.0     # r becomes symbols where r > SYMBOLIZE_REL * radius
 
 
 # --- forms ----------------------------------------------------------------------------------
@@ -332,11 +331,9 @@ class ZonoTrack:
         """Symbols one form may keep: the block's k_max, and at most ELEMENT_BUDGET entries."""
         return max(64, min(self.k_max, ELEMENT_BUDGET // max(1, f.c.numel())))
 
-    def fresh(self, f: Form, rel: float = 0.0) -> Form:
-        """Turn r into new symbols, one per element, where r > rel * (r + sum |G|)."""
+    def fresh(self, f: Form) -> Form:
+        """Turn r into new symbols, one per element (the largest first, within the budget)."""
         m = f.r > 0
-        if rel > 0:
-            m = m & (f.r > rel * (f.r + f.gsum()))
         cap = self.cap_for(f)
         if int(m.sum()) > cap:  # memory: only the largest errors become symbols
             thr = torch.topk(torch.where(m, f.r, torch.zeros_like(f.r)).reshape(-1), cap).values[-1]
@@ -377,10 +374,9 @@ class ZonoTrack:
         return Form(f.c, torch.cat([f.G, g_new.reshape(idx.numel(), *f.shape)], 0), f.r,
                     torch.cat([f.ids, new_ids])).cap(self.cap_for(f))
 
-    def symbolize(self, z: ZState, rel: float | None = None) -> ZState:
+    def symbolize(self, z: ZState) -> ZState:
         """Fresh symbols for both kernels' r (before an op that mixes elements)."""
-        rel = SYMBOLIZE_REL if rel is None else rel
-        return ZState(self.fresh(z.t, rel), self.fresh(z.i, rel))
+        return ZState(self.fresh(z.t), self.fresh(z.i))
 
     def from_box(self, b: Box) -> ZState:
         """Forms spanning a box: train = mid + diag(hw) eps (symbols), inf = train + drift box;

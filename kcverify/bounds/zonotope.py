@@ -17,8 +17,10 @@ bounded over the tensor's box, DeepZ / DeepT style), and the kernel's own error 
 (DESIGN 1.1, the same error bounds the interval rules use) is added to ``r``. ``r`` is the part
 without symbols; before an op that mixes elements (a matmul, a normalisation, a reduction) it is
 turned into fresh symbols, one per element, so rounding errors keep their signs from there on.
-When the number of symbols passes ``k_max`` the least significant ones (by total magnitude over
-the live tensors) are folded into ``r`` (order reduction; sound: |g eps| <= |g|).
+Each form keeps at most ``K_MAX`` symbols and ``ELEMENT_BUDGET`` generator entries: the rows of
+least total magnitude are folded into its ``r`` (order reduction; sound: |g eps| <= |g|, and
+other tensors may keep the symbol). A form names its symbols (``ids``); binary symbols (values
+-1 or +1: a straddled fp8 rounding) are listed in ``ZonoTrack.binary`` (see ``_cast_operand``).
 
 This domain runs beside the interval domain (engine.run_graph's ``zono``): every node is first
 bounded by its interval rule; the zonotope rule reads the input boxes (the interval result met

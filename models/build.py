@@ -243,6 +243,11 @@ def build_all(out: Path, data: Path) -> list[Path]:
         with open(path, "wb") as f:
             np.savez(f, input_ids=ids_np)
         written.append(path)
+        if name == "sample":  # probe: its first input, a slice the zonotope certifies (w8-decoder)
+            probe = data / "probe.npz"
+            with open(probe, "wb") as f:
+                np.savez(f, input_ids=ids_np[:1])
+            written.append(probe)
     return written
 
 
@@ -250,7 +255,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=HERE, help="where the .onnx files go")
     ap.add_argument("--data", type=Path, default=ROOT / "examples" / "data",
-                    help="where eval.npz, safety.npz and sample.npz go")
+                    help="where eval.npz, safety.npz, sample.npz and probe.npz go")
     args = ap.parse_args()
     for p in build_all(args.out, args.data):
         print(f"{p}  {p.stat().st_size} bytes")

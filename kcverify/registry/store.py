@@ -24,6 +24,7 @@ import json
 import os
 import sqlite3
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -76,6 +77,24 @@ def default_root(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _wal(db: sqlite3.Connection, wait_s: float = 60.0) -> None:
+    """Switch to WAL (persistent in the file, so only the first opener changes it). Changing
+    the journal mode needs an exclusive lock for which SQLite does not call the busy handler,
+    so concurrent openers of a new registry retry here."""
+    deadline = time.monotonic() + wait_s
+    delay = 0.01
+    while True:
+        try:
+            if str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(0.2, delay * 2)
 
 
 @dataclass
@@ -133,7 +152,7 @@ class Registry:
         try:
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA busy_timeout = 60000")
-            db.execute("PRAGMA journal_mode = WAL")
+            _wal(db)
             db.execute("PRAGMA foreign_keys = ON")
             db.execute("PRAGMA synchronous = FULL")
             yield db

@@ -4,24 +4,16 @@ clause (numerical, statistical with confidence, runtime, static), then check and
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from kcverify.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_demo_prove_check_admit(tmp_path: Path) -> None:
-    (tmp_path / "models").mkdir()
-    shutil.copy(ROOT / "models" / "tiny_decoder.onnx", tmp_path / "models")
-    shutil.copytree(ROOT / "examples" / "data", tmp_path / "examples" / "data")
-    shutil.copytree(ROOT / "examples" / "contracts", tmp_path / "examples" / "contracts")
-    model = tmp_path / "models" / "tiny_decoder.onnx"
-    contract = tmp_path / "examples" / "contracts" / "fp8-deploy.yaml"
+def test_demo_prove_check_admit(tmp_path: Path, workspace) -> None:  # type: ignore[no-untyped-def]
+    model, contract = workspace("tiny_decoder.onnx", "fp8-deploy.yaml")
     report, html = tmp_path / "out" / "report.json", tmp_path / "out" / "report.html"
     assert main(["prove", str(contract), str(model), "--report", str(report), "--html", str(html),
                  "--quiet"]) == 0

@@ -4,22 +4,14 @@ certificate records the smt-block leaf, and the checker re-solves it; an edited 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from kcverify.certs.encoding import fx
 from kcverify.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def test_smt_proves_what_intervals_miss(tmp_path: Path) -> None:
-    (tmp_path / "models").mkdir()
-    shutil.copy(ROOT / "models" / "mlp_tiny.onnx", tmp_path / "models")
-    shutil.copytree(ROOT / "examples" / "data", tmp_path / "examples" / "data")
-    shutil.copytree(ROOT / "examples" / "contracts", tmp_path / "examples" / "contracts")
-    model = tmp_path / "models" / "mlp_tiny.onnx"
-    contract = tmp_path / "examples" / "contracts" / "mlp-box.yaml"
+def test_smt_proves_what_intervals_miss(tmp_path: Path, workspace) -> None:  # type: ignore[no-untyped-def]
+    model, contract = workspace("mlp_tiny.onnx", "mlp-box.yaml")
     cert, report = tmp_path / "box.kcert.json", tmp_path / "r.json"
     assert main(["prove", str(contract), str(model), "--cert", str(cert), "--report", str(report),
                  "--quiet"]) == 0

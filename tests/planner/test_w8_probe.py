@@ -5,24 +5,16 @@ checker re-runs every block with the zonotope)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from kcverify.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_w8_probe_is_proved_and_checks(tmp_path: Path) -> None:
-    (tmp_path / "models").mkdir()
-    shutil.copy(ROOT / "models" / "tiny_decoder.onnx", tmp_path / "models")
-    shutil.copytree(ROOT / "examples" / "data", tmp_path / "examples" / "data")
-    shutil.copytree(ROOT / "examples" / "contracts", tmp_path / "examples" / "contracts")
-    model = tmp_path / "models" / "tiny_decoder.onnx"
-    contract = tmp_path / "examples" / "contracts" / "w8-decoder.yaml"
+def test_w8_probe_is_proved_and_checks(tmp_path: Path, workspace) -> None:  # type: ignore[no-untyped-def]
+    model, contract = workspace("tiny_decoder.onnx", "w8-decoder.yaml")
     report = tmp_path / "out" / "report.json"
     assert main(["prove", str(contract), str(model), "--report", str(report), "--quiet"]) == 0
     by_id = {c["id"]: c for c in json.loads(report.read_text())["clauses"]}

@@ -2,7 +2,8 @@
 
 Each sub-command is a module in kcverify.commands exposing ``register(subparsers)``, which adds
 its parser and sets ``func(args) -> int``. Exit codes: 0 success, 1 a clause/certificate does not
-hold, 2 bad input (one ``error:`` line, no traceback).
+hold, 2 bad input (one ``error:`` line, no traceback), 3 an internal error of kcverify itself (a
+bug: the traceback is printed).
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from collections.abc import Sequence
 
 from kcverify import __version__
-from kcverify.errors import KcverifyError
+from kcverify.errors import INTERNAL_EXIT, InternalError, KcverifyError
 
 COMMANDS = ("lint", "inspect", "bound", "prove", "check", "registry")
 
@@ -37,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KcverifyError as e:
         print(e.render(), file=sys.stderr)
         return e.exit_code
+    except InternalError:
+        traceback.print_exc()
+        print("error: internal error in kcverify (a bug, not bad input); please report it with the "
+              "traceback above", file=sys.stderr)
+        return INTERNAL_EXIT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -1,5 +1,8 @@
 """The error hierarchy: one root, one type per subpackage, messages that say what, where, and
-what would be accepted. The CLI turns any KcverifyError into one ``error: ...`` line and exit 2.
+what would be accepted. The CLI turns any KcverifyError into one ``error: ...`` line and its
+``exit_code`` (2: bad input). ``InternalError`` is the exception: a bug in kcverify itself (a bound
+rule that returns an empty interval, NaN from finite inputs, a checker component that fails to load)
+is not the user's bad input; the CLI prints a traceback and exits with ``INTERNAL_EXIT`` (3).
 """
 
 from __future__ import annotations
@@ -13,6 +16,19 @@ class KcverifyError(Exception):
     def render(self) -> str:
         """The single line the CLI prints."""
         return f"error: {self}"
+
+
+INTERNAL_EXIT = 3
+
+
+class InternalError(Exception):
+    """An internal inconsistency of kcverify (a soundness bug, a broken invariant): never bad input.
+
+    Deliberately not a KcverifyError, so no ``except KcverifyError`` path can turn it into a
+    verdict or an exit 2; the CLI reports it with a traceback and exit code ``INTERNAL_EXIT``.
+    """
+
+    exit_code = INTERNAL_EXIT
 
 
 class LocatedError(KcverifyError):

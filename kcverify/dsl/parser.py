@@ -1,4 +1,4 @@
-"""Parse clause expressions (grammar/contract.lark) into the frozen AST of kcverify.dsl.ast.
+"""Parse clause expressions (kcverify/dsl/grammar/contract.lark) into the frozen AST of kcverify.dsl.ast.
 
 Positions: the parser works on the expression text; ``locate(offset)`` maps an offset in that text
 to (line, column) in the contract file, so nodes and errors point into the YAML file.
@@ -37,8 +37,8 @@ Locate = Callable[[int], tuple[int, int]]
 
 @lru_cache(maxsize=1)
 def grammar() -> Lark:
-    """The LALR parser of grammar/contract.lark (built once)."""
-    return Lark.open_from_package("kcverify.grammar", "contract.lark", parser="lalr",
+    """The LALR parser of the expression grammar, package data of kcverify.dsl (built once)."""
+    return Lark.open_from_package("kcverify.dsl", "grammar/contract.lark", parser="lalr",
                                   propagate_positions=True, maybe_placeholders=True)
 
 

@@ -54,4 +54,4 @@ def test_error_lines_match_cases() -> None:
         short = message.split(";")[0].split(" (did you")[0]
         assert f"{where}: {short}" in produced or any(
             p.startswith(f"{where}: {short}") for p in produced), (where, message)
-    assert os.path.exists(ROOT / "grammar" / "contract.lark")
+    assert os.path.exists(ROOT / "kcverify" / "dsl" / "grammar" / "contract.lark")

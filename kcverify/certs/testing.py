@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from kcverify.boxes import DiffBox
 from kcverify.certs.recheck import recheck_with
 from kcverify.certs.records import BlockData
 from kcverify.certs.rules import RuleError
@@ -44,20 +45,7 @@ TRAIN = {"compute": "fp32", "accumulate": "fp32"}
 INF = {"compute": "bf16", "accumulate": "fp32"}
 
 
-@dataclass
-class FakeBox:
-    train_lo: np.ndarray
-    train_hi: np.ndarray
-    inf_lo: np.ndarray
-    inf_hi: np.ndarray
-    drift_lo: np.ndarray
-    drift_hi: np.ndarray
-
-    @staticmethod
-    def point(x: np.ndarray) -> FakeBox:
-        x = np.asarray(x, np.float64)
-        z = np.zeros_like(x)
-        return FakeBox(x.copy(), x.copy(), x.copy(), x.copy(), z, z.copy())
+FakeBox = DiffBox  # the fake engine's states are ordinary boxes
 
 
 @dataclass

@@ -43,6 +43,9 @@ def test_wheel_holds_every_package(wheel_files: set[str]) -> None:
 def test_wheel_holds_package_data(wheel_files: set[str]) -> None:
     assert "kcverify/dsl/grammar/contract.lark" in wheel_files
     assert "kcverify/py.typed" in wheel_files
+    schemas = sorted(p.relative_to(ROOT).as_posix()
+                     for p in (ROOT / "kcverify" / "schemas").glob("*.json"))
+    assert schemas and all(s in wheel_files for s in schemas)
     # nothing from outside the package (tests, examples, a top-level grammar package)
     assert all(f.startswith(("kcverify/", "kcverify-")) for f in wheel_files), sorted(wheel_files)
 
@@ -55,3 +58,15 @@ def test_grammar_is_package_data() -> None:
     assert (ROOT / "kcverify" / "dsl" / "grammar" / "contract.lark").is_file()
     assert not (ROOT / "grammar").exists()
     assert grammar().parse("1 <= 2") is not None
+
+
+def test_import_is_light() -> None:
+    """`import kcverify` loads neither torch, onnx nor the CLI; the API resolves lazily."""
+    code = ("import sys, kcverify\n"
+            "heavy = [m for m in ('torch', 'onnx', 'onnxruntime', 'z3', 'scipy', 'kcverify.cli')"
+            " if m in sys.modules]\n"
+            "assert not heavy, heavy\n"
+            "assert callable(kcverify.prove) and callable(kcverify.load_contract)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr

@@ -4,8 +4,8 @@ digests and sizes, and optionally the executor's agreement with onnxruntime."""
 from __future__ import annotations
 
 import argparse
-import json
 
+from kcverify.api import dumps
 from kcverify.models.inspection import inspect_model, render
 
 
@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="show a model's ops, unsupported ops and blocks",
                        description=__doc__)
     p.add_argument("model", help="ONNX file")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--json", action="store_true", help="print the report as strict JSON")
     p.add_argument("--against-ort", action="store_true",
                    help="compare the executor with onnxruntime on random inputs")
     p.add_argument("--batch", type=int, default=2, help="batch size of the random inputs")
@@ -25,6 +25,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     report = inspect_model(args.model, check_ort=args.against_ort, batch=args.batch,
                            seq=args.seq, seed=args.seed)
-    print(json.dumps(report, indent=2, sort_keys=True) if args.json else render(report))
+    print(dumps(report) if args.json else render(report))
     ort_rep = report.get("against_ort")
     return 1 if ort_rep is not None and not ort_rep["ok"] else 0

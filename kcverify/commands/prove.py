@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from kcverify.api import check_device, dumps
 from kcverify.planner import ProveOptions, prove
 from kcverify.planner.prove import stderr_progress
 
@@ -49,14 +49,14 @@ def run(args: argparse.Namespace) -> int:
     from kcverify.report.writer import report_json, write_report_json
 
     load_rule_modules(args.rules)
-    options = ProveOptions(domain=args.domain, device=args.device,
+    options = ProveOptions(domain=args.domain, device=check_device(args.device),
                            realizations=args.realizations, confidence=args.confidence,
                            cert_path=args.cert, embed=args.embed,
                            write_certificate=not args.no_cert,
                            progress=None if args.quiet else stderr_progress)
     result = prove(args.contract, args.model, options)
     if args.json:
-        print(json.dumps(report_json(result.report), indent=2, sort_keys=True))
+        print(dumps(report_json(result.report)))
     else:
         print(render_table(result.report))
         if result.cert_path is not None:

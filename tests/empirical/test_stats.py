@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kcverify.empirical.stats import (
+    OUTWARD,
     binom_cdf,
     bootstrap_interval,
     clopper_pearson_lower,
@@ -107,3 +108,53 @@ def test_decisions_err_at_most_alpha_by_sampling(budget: float, n: int) -> None:
     wrong_pass = np.mean([decide_exceedance(int(k), n, budget).outcome == "passed" for k in above])
     wrong_fail = np.mean([decide_exceedance(int(k), n, budget).outcome == "failed" for k in below])
     assert wrong_pass <= 0.07 and wrong_fail <= 0.07
+
+
+EXTREME = [(k, n, c) for n in (10**5, 10**6) for c in (0.95, 0.999999)
+           for k in (0, 1, 10, 1000, n // 2, n // 2 + 1, n - 10, n - 1)]
+
+
+@pytest.mark.parametrize("k, n, c", EXTREME)
+def test_bounds_are_scipy_beta_quantiles_pushed_outward(k: int, n: int, c: float) -> None:
+    """At n = 10^5..10^6 and c up to 0.999999 the bounds are scipy's beta quantiles pushed
+    outward: never tighter, looser by at most OUTWARD (1e-12) relative and an ulp. (The
+    hand-summed tails were up to 2.5e-5 relative too tight at n = 10^5, c = 0.999999.)"""
+    from scipy.stats import beta
+
+    up, lo = clopper_pearson_upper(k, n, c), clopper_pearson_lower(k, n, c)
+    want_up = beta.ppf(c, k + 1, n - k)
+    assert want_up < up <= np.nextafter(want_up * (1 + 2 * OUTWARD), 2.0)
+    if k == 0:
+        assert lo == 0.0
+    else:
+        want_lo = beta.ppf(1 - c, k, n - k + 1)
+        assert np.nextafter(want_lo * (1 - 2 * OUTWARD), -1.0) <= lo < want_lo
+    assert lo <= k / n <= up
+
+
+def _binom_tail(ctx: object, n: int, p: object, lo: int, hi: int) -> object:
+    """sum_{i=lo..hi} C(n, i) p^i (1 - p)^(n - i) in ctx's precision."""
+    return ctx.fsum(ctx.binomial(n, i) * p**i * (1 - p) ** (n - i) for i in range(lo, hi + 1))
+
+
+@pytest.mark.parametrize("k, n, c", [(0, 10**5, 0.999999), (10, 10**5, 0.999999),
+                                     (1000, 10**5, 0.999999), (3, 50, 0.95),
+                                     (99990, 10**5, 0.95), (10, 10**5, 0.95)])
+def test_bounds_hold_exactly(k: int, n: int, c: float) -> None:
+    """60-digit check of the definition: P(X <= k; upper) <= 1 - c and P(X >= k; lower) <= 1 - c.
+    At k = 10, n = 10^5, c = 0.999999 scipy's quantile itself is 1.3 ulps too tight for the lower
+    bound, so pushing it out by one ulp would fail here."""
+    mpmath = pytest.importorskip("mpmath")
+    ctx = mpmath.mp.clone() if hasattr(mpmath.mp, "clone") else mpmath.MPContext()
+    ctx.dps = 60
+    alpha = 1 - ctx.mpf(c)
+    up = ctx.mpf(clopper_pearson_upper(k, n, c))
+    # P(X <= k; up), summing the shorter tail
+    cdf = (_binom_tail(ctx, n, up, 0, k) if k < n / 2
+           else 1 - _binom_tail(ctx, n, up, k + 1, n))
+    assert cdf <= alpha
+    if k > 0:
+        lo = ctx.mpf(clopper_pearson_lower(k, n, c))
+        sf = (1 - _binom_tail(ctx, n, lo, 0, k - 1) if k < n / 2
+              else _binom_tail(ctx, n, lo, k, n))
+        assert sf <= alpha

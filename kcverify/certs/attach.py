@@ -65,6 +65,58 @@ def canonical_model_digest(model_path: str | os.PathLike[str]) -> str:
     return sha256_bytes(_strip(_load(model_path)).SerializeToString(deterministic=True))
 
 
+def _graph_tensors(graph: Any) -> Any:
+    """Every TensorProto of a graph and its subgraphs: initializers (dense and sparse) and the
+    tensors held in node attributes."""
+    yield from graph.initializer
+    for sp in graph.sparse_initializer:
+        yield from (sp.values, sp.indices)
+    for node in graph.node:
+        yield from _attribute_tensors(node.attribute)
+
+
+def _attribute_tensors(attributes: Any) -> Any:
+    for a in attributes:
+        if a.HasField("t"):
+            yield a.t
+        yield from a.tensors
+        if a.HasField("sparse_tensor"):
+            yield from (a.sparse_tensor.values, a.sparse_tensor.indices)
+        for sp in a.sparse_tensors:
+            yield from (sp.values, sp.indices)
+        if a.HasField("g"):
+            yield from _graph_tensors(a.g)
+        for g in a.graphs:
+            yield from _graph_tensors(g)
+
+
+def external_data_files(model_path: str | os.PathLike[str]) -> list[str]:
+    """The external-data files the model's tensors name (their ``location``, relative to the
+    model's directory), sorted and each once. A location that is absolute or leaves the model's
+    directory is refused (ModelImportError), as onnx itself refuses to load it."""
+    import posixpath
+
+    from onnx import TensorProto
+
+    model = _load(model_path)
+    tensors = [*_graph_tensors(model.graph)]
+    for fn in model.functions:
+        for node in fn.node:
+            tensors += _attribute_tensors(node.attribute)
+    out: set[str] = set()
+    for t in tensors:
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        loc = next((e.value for e in t.external_data if e.key == "location"), None)
+        norm = posixpath.normpath(loc.replace("\\", "/")) if loc else ""
+        if not loc or norm.startswith(("/", "../")) or norm in ("..", ".") or ":" in norm:
+            raise ModelImportError(f"{model_path}: tensor {t.name!r} names external data "
+                                   f"{loc!r}; expected a plain relative path inside the model's "
+                                   "directory")
+        out.add(loc)
+    return sorted(out)
+
+
 def model_digest(model_path: str | os.PathLike[str], method: str) -> str:
     if method == DIGEST_FILE:
         return sha256_file(model_path)
@@ -147,4 +199,4 @@ def load_certificate(cert: str | os.PathLike[str] | dict[str, Any],
 
 
 __all__ = ["METADATA_KEY", "attach", "canonical_model_digest", "embed", "embedded_certificate",
-           "find_certificate", "load_certificate", "model_digest", "sidecar_path"]
+           "external_data_files", "find_certificate", "load_certificate", "model_digest", "sidecar_path"]

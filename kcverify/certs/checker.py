@@ -2,7 +2,9 @@
 
 It checks, and reports every failure as one line:
 1. the subject digests: the model (its bytes, or its canonical form for embedded certificates),
-   the contract's bytes, and each kernel spec's canonical JSON (from the contract);
+   each external-data file the model names, the contract's bytes, each slice's data file (every
+   slice of the contract must be digested; a file that cannot be read is a problem), and each
+   kernel spec's canonical JSON (from the contract);
 2. every node of every proof tree: the rule is registered and its application is valid
    (kcverify.certs.rules), including every block certificate, re-run through ``recheck_block``;
 3. the chain: sequential nodes leave no tensor unproduced and, when the model's segmentation is
@@ -14,6 +16,10 @@ It checks, and reports every failure as one line:
 
 Imports stay light: numpy and the stdlib; onnx only for embedded certificates and the model's
 interface; torch and the bound engine only inside the default ``recheck_block``.
+
+Nothing in the trusted path falls back silently: a component of kcverify that fails to import
+is an InternalError (a broken installation, exit 3), and a file or model that cannot be read
+is a problem, never a note.
 """
 
 from __future__ import annotations
@@ -24,16 +30,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kcverify.certs.attach import load_certificate, model_digest
+from kcverify.certs.attach import external_data_files, load_certificate, model_digest
 from kcverify.certs.encoding import unfx
 from kcverify.certs.records import BlockData, decode_block
 from kcverify.certs.rules import RULES, RuleContext
 from kcverify.certs.statement import (
     DIGEST_FILE,
+    PATH_KEY,
     kernel_spec_digest,
     sha256_file,
+    slice_path,
+    subjects_of,
 )
-from kcverify.errors import CertificateError, InputFileError
+from kcverify.errors import CertificateError, InputFileError, InternalError, KcverifyError
 
 RecheckBlock = Callable[[BlockData], list[str]]
 _CMP = {"<=": lambda b, t: b <= t, "<": lambda b, t: b < t,
@@ -50,16 +59,30 @@ class CheckReport:
     statement: dict[str, Any] | None = None
 
 
-def slice_input_region(contract: Any, model_path: str | os.PathLike[str], notes: list[str]
-                       ) -> Callable[[str], Mapping[str, Any]]:
+def _component(module: str, what: str) -> Any:
+    """Import a kcverify component the checker needs; failing is a broken installation (a bug),
+    never a reason to skip a check."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise InternalError(f"the checker cannot load {module} ({what}): {e}") from e
+
+
+def slice_input_region(contract: Any, model_path: str | os.PathLike[str],
+                       notes: list[str] | None = None) -> Callable[[str], Mapping[str, Any]]:
     """input_region from the contract's own slice data (kcverify.empirical.slices): each model
     input's raw values as a point, or the box [x − eps, x + eps] (rounded outward) of an
     input-space region (which also encloses an L2 ball). An embedding-space region lies inside
-    the graph, so the raw inputs stay points. Missing data files leave a note, not a problem."""
+    the graph, so the raw inputs stay points. A data file that cannot be read raises
+    CertificateError (the chain over that slice does not check)."""
     import numpy as np
 
-    from kcverify.certs.records import StoredBox
+    from kcverify.boxes import DiffBox
 
+    slices_mod = _component("kcverify.empirical.slices", "reading slice data")
+    ir = _component("kcverify.models.ir", "reading the model's inputs")
     cache: dict[str, dict[str, Any]] = {}
 
     def region(name: str) -> Mapping[str, Any]:
@@ -69,15 +92,11 @@ def slice_input_region(contract: Any, model_path: str | os.PathLike[str], notes:
         if sl is None:
             raise CertificateError(f"the chain names slice {name!r}, which the contract lacks")
         try:
-            from kcverify.empirical.slices import load_slice
-            from kcverify.models.ir import load_onnx
-
-            data = load_slice(sl, base_dir=Path(contract.path).parent)
-            feeds = data.feeds([v.name for v in load_onnx(model_path).inputs])
-        except (ImportError, InputFileError) as e:
-            notes.append(f"slice {name!r}: inputs not compared with its data ({e})")
-            cache[name] = {}
-            return cache[name]
+            data = slices_mod.load_slice(sl, base_dir=Path(contract.path).parent)
+            feeds = data.feeds([v.name for v in ir.load_onnx(model_path).inputs])
+        except KcverifyError as e:
+            raise CertificateError(f"slice {name!r}: its inputs cannot be compared with the "
+                                   f"chain's region ({e})") from None
         reg = getattr(sl, "region", None)
         if reg is not None and reg.space != "input" and reg.eps > 0:
             # the region enters inside the first block, which the block re-check does not model
@@ -91,7 +110,7 @@ def slice_input_region(contract: Any, model_path: str | os.PathLike[str], notes:
                 lo = np.nextafter(x - reg.eps, -np.inf)
                 hi = np.nextafter(x + reg.eps, np.inf)
             z = np.zeros_like(x)
-            out[k] = StoredBox(lo, hi, lo, hi, z, z)
+            out[k] = DiffBox(lo, hi, lo, hi, z, z)
         cache[name] = out
         return out
 
@@ -99,26 +118,78 @@ def slice_input_region(contract: Any, model_path: str | os.PathLike[str], notes:
 
 
 def _load_contract(contract_path: str | os.PathLike[str]) -> Any:
-    try:
-        from kcverify.dsl import load_contract
-    except ImportError:
-        return None
-    return load_contract(contract_path)
+    return _component("kcverify.dsl", "reading the contract").load_contract(contract_path)
 
 
-def _segmentation(model_path: str | os.PathLike[str]) -> tuple[list[tuple[str, str]] | None,
-                                                               set[str] | None, str | None]:
-    try:
-        from kcverify.models.ir import load_onnx
-    except ImportError as e:  # pragma: no cover - ir ships with the package
-        return None, None, f"model interface not checked ({e})"
-    graph = load_onnx(model_path)
+def _segmentation(model_path: str | os.PathLike[str]) -> tuple[list[tuple[str, str]], set[str]]:
+    """The model's block chain [(name, digest)] and its input names; KcverifyError when the IR
+    cannot load the model (the caller reports it as a problem)."""
+    ir = _component("kcverify.models.ir", "reading the model")
+    blocks = _component("kcverify.models.blocks", "segmenting the model into blocks")
+    graph = ir.load_onnx(model_path)
     inputs = {v.name for v in graph.inputs if v.name not in graph.initializers}
+    return [(b.name, b.digest) for b in blocks.segment(graph)], inputs
+
+
+def _why(e: Exception) -> str:
+    return str(e) if isinstance(e, KcverifyError) else f"{type(e).__name__}: {e}"
+
+
+def _file_problem(path: Path, digest: str, what: str) -> str | None:
+    """None when the file at ``path`` has sha256 ``digest``; else what is wrong with it."""
     try:
-        from kcverify.models.blocks import segment
-    except ImportError as e:
-        return None, inputs, f"block segmentation not compared ({e})"
-    return [(b.name, b.digest) for b in segment(graph)], inputs, None
+        have = sha256_file(path)
+    except InputFileError as e:
+        return f"{what}: {e}"
+    if have != digest:
+        return (f"{what}: digest mismatch: the certificate is for {digest[:16]}…, {path} is "
+                f"{have[:16]}…")
+    return None
+
+
+def _data_problems(stmt: Mapping[str, Any], model_path: str | os.PathLike[str],
+                   contract: Any) -> list[str]:
+    """The model's external-data files and the contract's slice data files are exactly the
+    certificate's model-data and slice subjects, and each file has its digest."""
+    problems = []
+    stated = {s["annotations"][PATH_KEY]: s["digest"]["sha256"]
+              for s in subjects_of(stmt, "model-data")}
+    try:
+        names = external_data_files(model_path)
+    except KcverifyError as e:
+        names = None
+        problems.append(f"the model's external-data files cannot be listed ({e})")
+    if names is not None:
+        for loc in sorted(set(stated) | set(names)):
+            what = f"model data {loc!r}"
+            if loc not in names:
+                problems.append(f"{what}: in the certificate, not named by the model")
+            elif loc not in stated:
+                problems.append(f"{what}: the model's weights in this file are not digested in "
+                                "the certificate")
+            else:
+                problems += filter(None, [_file_problem(Path(model_path).parent / loc,
+                                                        stated[loc], what)])
+    slices = dict(getattr(contract, "slices", None) or {})
+    in_cert = {s["name"].removeprefix("slice:"): s for s in subjects_of(stmt, "slice")}
+    for name in sorted(set(slices) | set(in_cert)):
+        what = f"slice {name!r}"
+        if name not in slices:
+            problems.append(f"{what}: in the certificate, not in the contract")
+            continue
+        if name not in in_cert:
+            problems.append(f"{what}: its data file is not digested in the certificate")
+            continue
+        written = slice_path(slices[name])
+        if in_cert[name]["annotations"][PATH_KEY] != written:
+            problems.append(f"{what}: the certificate digests "
+                            f"{in_cert[name]['annotations'][PATH_KEY]!r}, the contract names "
+                            f"{written!r}")
+            continue
+        p = Path(written)
+        path = p if p.is_absolute() else Path(contract.path).parent / p
+        problems += filter(None, [_file_problem(path, in_cert[name]["digest"]["sha256"], what)])
+    return problems
 
 
 def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
@@ -152,14 +223,14 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
     pred = stmt["predicate"]
 
     # 1. digests
-    if contract is None and kernel_specs is None:
+    if contract is None:
         contract = _load_contract(contract_path)
     if kernel_specs is None:
-        if contract is not None and hasattr(contract, "kernels"):
+        if hasattr(contract, "kernels"):
             kernel_specs = dict(contract.kernels)
         else:
-            problems.append("kernel specs not re-derived: kcverify.dsl.load_contract is not "
-                            "available and no kernel_specs were given")
+            problems.append("kernel specs not re-derived: the contract gives none and no "
+                            "kernel_specs were given")
     for s in stmt["subject"]:
         role, method = s["annotations"]["kcverify.role"], s["annotations"].get("kcverify.digest")
         want = s["digest"]["sha256"]
@@ -189,34 +260,37 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
             elif stated[name] != actual[name]:
                 problems.append(f"{name}: kernel spec digest mismatch (the spec differs from the "
                                 "certified one)")
+    problems += _data_problems(stmt, model_path, contract)
 
     # 5. the contract's clauses
-    if contract is not None:
-        problems += _compare_contract(contract, pred, _model_outputs(model_path))
+    problems += _compare_contract(contract, pred, _model_outputs(model_path, problems))
 
     # 2-4. proof trees
     if expected_chain is None or graph_inputs is None:
         try:
-            chain, inputs, why = _segmentation(model_path)
-        except Exception as e:  # noqa: BLE001 - a model the IR cannot load
-            chain, inputs, why = None, None, f"model not segmented ({e})"
-        if why and expected_chain is None:
-            notes.append(why)
+            chain, inputs = _segmentation(model_path)
+        except InternalError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure to read the model is a problem
+            chain, inputs = None, None
+            problems.append(f"the model's blocks cannot be re-derived ({_why(e)})")
         expected_chain = expected_chain if expected_chain is not None else chain
         graph_inputs = graph_inputs if graph_inputs is not None else inputs
     if recheck_block is None and kernel_specs is not None:
-        from kcverify.certs.recheck import default_recheck
-
-        recheck_block, why = default_recheck(model_path, kernel_specs)
+        recheck = _component("kcverify.certs.recheck", "re-running block certificates")
+        recheck_block, why = recheck.default_recheck(model_path, kernel_specs)
         if why:
             notes.append(f"blocks not re-run: {why}")
-    if input_region is None and contract is not None and hasattr(contract, "slices"):
+    if input_region is None and hasattr(contract, "slices"):
         input_region = slice_input_region(contract, model_path, notes)
     if store_input == "default":
-        from kcverify.certs.recheck import default_store_input
-
-        store_input = (default_store_input(model_path, kernel_specs)
+        recheck = _component("kcverify.certs.recheck", "storing model inputs")
+        store_input = (recheck.default_store_input(model_path, kernel_specs)
                        if kernel_specs is not None else None)
+        if store_input is None:
+            problems.append("how the kernels store the model inputs was not re-derived (the "
+                            "bound engine's input_box is not available for this model and "
+                            "contract)")
     ctx = RuleContext(blocks={}, recheck_block=recheck_block, expected_chain=expected_chain,
                       store_input=store_input,
                       graph_inputs=graph_inputs, input_region=input_region)
@@ -268,21 +342,20 @@ def _compare_contract(contract: Any, pred: Mapping[str, Any],
     return problems
 
 
-# DSL quantity (kcverify.dsl.analysis) -> the conclusion quantity of the rules that bound it
-QUANTITY_OF = {"logit_linf": "linf_drift", "logit_l2": "l2_drift", "logprob_abs": "logprob_drift",
-               "ratio_dev": "ratio_dev", "tv": "tv", "kl": "kl", "top1_agree": "top1_agreement"}
-_T_DEPENDENT = {"logprob_abs", "ratio_dev", "tv", "kl"}
-_FINE_STATS = {("upper", "max"): (None, "max"), ("upper", "mean"): (None, "max", "mean"),
-               ("lower", "max"): (None, "min"), ("lower", "mean"): (None, "min", "mean")}
+# Which conclusion bounds which DSL quantity, its direction, temperature and the statistics that
+# bound an aggregate: kcverify.dsl.quantities (the one table the planner and lint read too).
 
 
-def _model_outputs(model_path: str | os.PathLike[str]) -> set[str] | None:
-    """The tensor the DSL's logits_train / logits_inf name: the model's first float output."""
+def _model_outputs(model_path: str | os.PathLike[str], problems: list[str]) -> set[str] | None:
+    """The tensor the DSL's logits_train / logits_inf name: the model's first float output (None,
+    with a problem added, when the model cannot be read)."""
+    ir = _component("kcverify.models.ir", "reading the model's outputs")
     try:
-        from kcverify.models.ir import load_onnx
-
-        outs = load_onnx(model_path).outputs
-    except Exception:  # noqa: BLE001 - the digest check reports an unreadable model
+        outs = ir.load_onnx(model_path).outputs
+    except InternalError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure to read the model is a problem
+        problems.append(f"the model's outputs cannot be read ({_why(e)})")
         return None
     floats = [v.name for v in outs if (v.dtype or "float32").startswith("float")]
     return set(floats[:1])
@@ -292,60 +365,53 @@ def _proves_queries(clause: Any, proof: Mapping[str, Any], outputs: set[str] | N
     """Problems unless every numerical query of the contract clause is established by a part of
     the proof: same quantity, slice, temperature, a statistic that bounds the query's aggregate,
     and a proved bound that meets the contract's own comparison and threshold."""
-    try:
-        from kcverify.dsl import numerical_queries
-    except ImportError:
-        return []
+    numerical_queries = _component("kcverify.dsl", "reading clause conditions").numerical_queries
     queries = numerical_queries(clause)
     if not queries:
         return []
+    table = _component("kcverify.dsl.quantities", "the quantity table")
     root = proof.get("conclusion", {})
     parts = root.get("parts", [root]) if isinstance(root, Mapping) else []
     problems = []
     for q in queries:
-        want = QUANTITY_OF.get(q.quantity)
+        entry = table.QUANTITIES.get(q.quantity)
         why = []
         for part in parts:
-            w = _part_mismatch(q, want, part, outputs)
+            w = _part_mismatch(q, entry, part, outputs, table)
             if not w:
                 break
             why.append(w)
         else:
-            problems.append(f"the proof does not establish '{q.aggregate} {q.quantity} over "
-                            f"{q.slice} {q.op} {q.threshold!r}' ({'; '.join(why) or 'no parts'})")
+            problems.append(f"the proof does not establish '{table.query_text(q)}' "
+                            f"({'; '.join(why) or 'no parts'})")
     return problems
 
 
-def _part_mismatch(q: Any, want: str | None, part: Mapping[str, Any],
-                   outputs: set[str] | None) -> str | None:
-    if want is None:
-        return f"quantity {q.quantity!r} is not certifiable by the registered rules"
-    if part.get("quantity") != want:
-        return f"it bounds {part.get('quantity')!r}, not {want!r}"
+def _part_mismatch(q: Any, entry: Any, part: Mapping[str, Any], outputs: set[str] | None,
+                   table: Any) -> str | None:
+    if entry is None:
+        return f"quantity {q.quantity!r} is not in the quantity table"
+    if part.get("quantity") != entry.conclusion:
+        return f"it bounds {part.get('quantity')!r}, not {entry.conclusion!r}"
     if part.get("slice") != q.slice:
         return f"it is over slice {part.get('slice')!r}, not {q.slice!r}"
     if outputs is not None and part.get("tensor") not in outputs:
         return (f"its tensor {part.get('tensor')!r} is not the model's logits (its first float "
                 f"output, {', '.join(sorted(outputs))})")
-    if q.quantity in _T_DEPENDENT and (part.get("temperature") is None
-                                       or unfx(part["temperature"]) != float(q.temperature)):
+    if entry.temperature and (part.get("temperature") is None
+                              or unfx(part["temperature"]) != float(q.temperature)):
         return f"it is at temperature {part.get('temperature')!r}, not {q.temperature!r}"
+    if q.k is not None and not any(f.k is not None for f in entry.forms) and part.get("k") != q.k:
+        return f"it is for k = {part.get('k')!r}, not {q.k!r}"
     direction = "upper" if q.op in ("<=", "<") else "lower"
-    if _OPS_DIR.get(part.get("op")) != direction:
+    if direction != entry.direction or _OPS_DIR.get(part.get("op")) != direction:
         return f"it compares with {part.get('op')!r}, the clause with {q.op!r}"
-    agg = q.aggregate if q.aggregate in ("max", "mean") else "pq"
-    fine = _FINE_STATS.get((direction, agg), (None, "max" if direction == "upper" else "min",
-                                              q.aggregate))
-    if part.get("stat") not in fine:
-        return f"its statistic {part.get('stat')!r} does not bound the clause's {q.aggregate!r}"
-    # Per-input bounds (keep 1) also bound a per-position statistic: every input contributes
-    # the same number m of positions (one tensor shape), each ≤ its input's bound, and mean and
-    # the order statistic ⌈Q(n−1)⌉ of the inputs bound those of the n·m pairs. Per-pair bounds
-    # (keep 2) bound a per-input statistic only through max / min.
+    # the statistic of per-element bounds must bound the clause's aggregate (per input, keep 1,
+    # or per (input, position), keep 2): kcverify.dsl.quantities.statistic_problem
     keep = part.get("keep", 1)
-    if keep == 2 and not q.per_position and part.get("stat") not in (None, "max", "min"):
-        return (f"its {part.get('stat')} is over (input, position) pairs, the clause's over "
-                "inputs")
+    why = table.statistic_problem(q, part.get("stat"), 1 if keep == 1 else 2)
+    if why is not None:
+        return why
     bound = unfx(part["bound"][0]) if isinstance(part.get("bound"), list) else None
     if bound is None or not _CMP[q.op](bound, float(q.threshold)):
         return f"its bound {bound!r} {q.op} {q.threshold!r} does not hold"
@@ -353,6 +419,8 @@ def _part_mismatch(q: Any, want: str | None, part: Mapping[str, Any],
 
 
 _OPS_DIR = {"<=": "upper", "<": "upper", ">=": "lower", ">": "lower"}
+# a clause's verdict -> what decided it (kcverify.report.model.decided_by_default)
+_DECIDED_BY = {"proved": "proof", "refuted": "counterexample", "unknown": "undecided"}
 
 
 def _check_tree(node: dict[str, Any], ctx: RuleContext, path: str, used: set[str]) -> list[str]:
@@ -385,6 +453,13 @@ def _check_clause(c: dict[str, Any], ctx: RuleContext, used: set[str]) -> list[s
     bound = None if c.get("bound") is None else unfx(c["bound"])
     op = c.get("op") or "<="
     root = proof.get("conclusion", {}) if proof else {}
+    if "decided_by" in c:  # what the planner says decided the verdict must match the verdict
+        want = _DECIDED_BY.get(verdict, "evidence")
+        if verdict in ("passed", "failed") and c.get("method") == "static":
+            want = "static"
+        if c["decided_by"] != want:
+            problems.append(f"{where}: decided_by {c['decided_by']!r} does not match its verdict "
+                            f"{verdict!r} (expected {want!r})")
     if verdict == "proved":
         if proof is None:
             return [*problems, f"{where}: verdict 'proved' without a proof tree"]

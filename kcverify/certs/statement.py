@@ -2,12 +2,16 @@
 
     {"_type": "https://in-toto.io/Statement/v1",
      "subject": [{"name", "digest": {"sha256"}, "annotations": {"kcverify.role", "kcverify.digest"}}]
-                 -- the ONNX model, the contract file, one per kernel spec ("kernel:<name>"),
+                 -- the ONNX model, each external-data file of the model ("model-data:<location>"),
+                    the contract file, each slice's data file ("slice:<name>"), one per kernel
+                    spec ("kernel:<name>"),
      "predicateType": "https://kcverify.dev/certificate/v1",
-     "predicate": {"format": "kcverify-certificate", "format_version": 1, "tool", "libraries",
+     "predicate": {"format": "kcverify-certificate", "format_version": 2, "tool", "libraries",
                    "contract": {"name", "version"}, "clauses": [...], "blocks": {ref: block}}}
 
-Digests: the contract is the sha256 of its bytes; a kernel spec is the sha256 of
+Digests: the contract, each slice data file and each external-data file are the sha256 of their
+bytes (slice and model-data subjects also carry ``kcverify.path``: the path as the contract, or
+the model's external-data ``location``, writes it); a kernel spec is the sha256 of
 ``json.dumps(spec.canonical(), sort_keys=True)``; the model is the sha256 of its bytes
 (``kcverify.digest: file-sha256``) or, for certificates embedded in the model, of its canonical
 serialization without the certificate entry (``onnx-canonical-v1``, see kcverify.certs.attach).
@@ -34,12 +38,14 @@ from kcverify.fileio import atomic_write
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kcverify.dev/certificate/v1"
 FORMAT = "kcverify-certificate"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: slice data and external weights are subjects (1 did not bind them)
 VERDICTS = ("proved", "refuted", "unknown", "passed", "failed")
 HOLDING_VERDICTS = ("proved", "passed")  # a hard clause must have one of these to be admitted
 DIGEST_FILE = "file-sha256"
 DIGEST_ONNX_CANONICAL = "onnx-canonical-v1"
 DIGEST_CANONICAL_JSON = "canonical-json"
+ROLES = ("model", "model-data", "contract", "slice", "kernel")
+PATH_KEY = "kcverify.path"  # slice and model-data subjects: the path as the contract/model writes it
 LIBRARIES = ("torch", "onnx", "onnxruntime", "numpy", "z3-solver", "ml_dtypes", "lark")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
@@ -81,9 +87,51 @@ def tool_version() -> str:
     return __version__
 
 
-def subject(name: str, digest: str, role: str, method: str) -> dict[str, Any]:
-    return {"name": name, "digest": {"sha256": digest},
-            "annotations": {"kcverify.role": role, "kcverify.digest": method}}
+def subject(name: str, digest: str, role: str, method: str, path: str | None = None
+            ) -> dict[str, Any]:
+    ann = {"kcverify.role": role, "kcverify.digest": method}
+    if path is not None:
+        ann[PATH_KEY] = path
+    return {"name": name, "digest": {"sha256": digest}, "annotations": ann}
+
+
+def subjects_of(statement: Mapping[str, Any], role: str) -> list[dict[str, Any]]:
+    """The statement's subjects with ``kcverify.role`` == role, in order."""
+    return [s for s in statement["subject"] if s["annotations"]["kcverify.role"] == role]
+
+
+def slice_path(spec: Any) -> str:
+    """The data file of a slice as the contract writes it: a DSL Slice's ``inputs``, or a path."""
+    return str(getattr(spec, "inputs", spec))
+
+
+def slice_subjects(contract_path: str | os.PathLike[str], slices: Mapping[str, Any]
+                   ) -> list[dict[str, Any]]:
+    """One ``slice:<name>`` subject per slice: the sha256 of its data file, resolved against the
+    contract's directory (InputFileError when it cannot be read)."""
+    base = Path(contract_path).parent
+    out = []
+    for name in sorted(slices):
+        written = slice_path(slices[name])
+        p = Path(written)
+        path = p if p.is_absolute() else base / p
+        try:
+            digest = sha256_file(path)
+        except InputFileError:
+            raise InputFileError(f"{path}: slice {name!r}: cannot read its data file (the "
+                                 "certificate digests every slice of the contract)") from None
+        out.append(subject(f"slice:{name}", digest, "slice", DIGEST_FILE, written))
+    return out
+
+
+def model_data_subjects(model_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """One ``model-data:<location>`` subject per external-data file the ONNX model names (its
+    weights stored outside the .onnx file), with the sha256 of the file's bytes."""
+    from kcverify.certs.attach import external_data_files
+
+    base = Path(model_path).parent
+    return [subject(f"model-data:{loc}", sha256_file(base / loc), "model-data", DIGEST_FILE, loc)
+            for loc in external_data_files(model_path)]
 
 
 # ---- reading and writing --------------------------------------------------------------------
@@ -139,6 +187,7 @@ def validate_statement(obj: Any, where: str = "certificate") -> None:
         raise CertificateError(f"{where}: predicateType must be {PREDICATE_TYPE!r}")
     subjects = _req(obj, "subject", list, where)
     roles: dict[str, int] = {}
+    names: set[str] = set()
     for i, s in enumerate(subjects):
         w = f"{where}: subject[{i}]"
         _req(s, "name", str, w)
@@ -147,8 +196,14 @@ def validate_statement(obj: Any, where: str = "certificate") -> None:
             raise CertificateError(f"{w}.digest.sha256: expected 64 lowercase hex digits")
         ann = _req(s, "annotations", dict, w)
         role = ann.get("kcverify.role")
-        if role not in ("model", "contract", "kernel"):
-            raise CertificateError(f"{w}: kcverify.role must be model, contract or kernel")
+        if role not in ROLES:
+            raise CertificateError(f"{w}: kcverify.role must be one of {', '.join(ROLES)}")
+        if role in ("slice", "model-data") and not isinstance(ann.get(PATH_KEY), str):
+            raise CertificateError(f"{w}: a {role} subject needs its path ({PATH_KEY})")
+        if role in ("slice", "model-data", "kernel"):
+            if s["name"] in names:
+                raise CertificateError(f"{w}: subject {s['name']!r} listed twice")
+            names.add(s["name"])
         roles[role] = roles.get(role, 0) + 1
     if roles.get("model") != 1 or roles.get("contract") != 1:
         raise CertificateError(f"{where}: subject must list exactly one model and one contract")
@@ -157,8 +212,10 @@ def validate_statement(obj: Any, where: str = "certificate") -> None:
     if pred.get("format") != FORMAT:
         raise CertificateError(f"{w}.format must be {FORMAT!r}")
     if pred.get("format_version") != FORMAT_VERSION:
+        old = (" — version 1 did not bind the slice data or external weights; prove again"
+               if pred.get("format_version") == 1 else "")
         raise CertificateError(f"{w}.format_version {pred.get('format_version')!r} is not supported "
-                               f"(this kcverify reads {FORMAT_VERSION})")
+                               f"(this kcverify reads {FORMAT_VERSION}){old}")
     tool = _req(pred, "tool", dict, w)
     _req(tool, "name", str, f"{w}.tool")
     _req(tool, "version", str, f"{w}.tool")
@@ -209,7 +266,9 @@ class CertificateBuilder:
     """Assemble a certificate from block records, rule applications and clause verdicts.
 
     ``kernel_specs`` maps names ("train", "inf") to KernelSpec (or canonical mappings);
-    ``contract_meta`` gives the contract's {"name", "version"}. ``store_input`` maps raw model
+    ``contract_meta`` gives the contract's {"name", "version"}; ``slices`` maps every slice of
+    the contract to its DSL Slice (or its data path as written in the contract): each data file
+    is digested, as is each external-data file of the model. ``store_input`` maps raw model
     inputs to the values the kernels store (default: the bound engine's; None: unchanged). Nodes are built with ``block``,
     ``sequential`` and ``apply`` (which runs the rule, so a node's conclusion is what the rule
     justifies); clauses with ``add_clause``; ``build()`` returns the statement.
@@ -217,6 +276,7 @@ class CertificateBuilder:
 
     def __init__(self, model_path: str | os.PathLike[str], contract_path: str | os.PathLike[str],
                  kernel_specs: Mapping[str, Any], contract_meta: Mapping[str, Any], *,
+                 slices: Mapping[str, Any] | None = None,
                  model_digest: str = DIGEST_FILE, store_input: Any = "default") -> None:
         self.model_path = Path(model_path)
         self.contract_path = Path(contract_path)
@@ -229,8 +289,10 @@ class CertificateBuilder:
         else:
             raise CertificateError(f"unknown model digest method {model_digest!r}")
         self.subjects = [subject(self.model_path.name, mdig, "model", model_digest),
+                         *model_data_subjects(self.model_path),
                          subject(self.contract_path.name, sha256_file(self.contract_path),
-                                 "contract", DIGEST_FILE)]
+                                 "contract", DIGEST_FILE),
+                         *slice_subjects(self.contract_path, slices or {})]
         for name in sorted(kernel_specs):
             self.subjects.append(subject(f"kernel:{name}", kernel_spec_digest(kernel_specs[name]),
                                          "kernel", DIGEST_CANONICAL_JSON))

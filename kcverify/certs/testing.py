@@ -41,6 +41,7 @@ clauses:
   - {id: S-1, family: statistical, metric: top1_overlap, slices: [all], threshold: 0.99, budget: 0.01, level: L2, action: guard}
 """
 
+SLICES = {"all": "data.npz"}  # the contract's slices and their data files (relative to it)
 TRAIN = {"compute": "fp32", "accumulate": "fp32"}
 INF = {"compute": "bf16", "accumulate": "fp32"}
 
@@ -149,9 +150,10 @@ def kernel_specs() -> dict[str, Any]:
 
 def example_certificate(tmp: Path, engine: FakeEngine | None = None, seed: int = 1,
                         batch: int = 3) -> tuple[Path, Path, dict[str, Any], dict[str, Any]]:
-    """Write model.onnx and contract.yaml under ``tmp``; return (model, contract, specs, statement)
-    with proved clauses through the built-in rules and one soft empirical clause; the contract
-    (CONTRACT_TEXT) states exactly these clauses, so the DSL-based checks apply too."""
+    """Write model.onnx, contract.yaml and the slice data data.npz under ``tmp``; return (model,
+    contract, specs, statement) with proved clauses through the built-in rules and one soft
+    empirical clause; the contract (CONTRACT_TEXT) states exactly these clauses, so the
+    DSL-based checks apply too."""
     engine = engine or FakeEngine()
     tmp.mkdir(parents=True, exist_ok=True)
     model = write_model(tmp / "model.onnx", engine)
@@ -159,8 +161,9 @@ def example_certificate(tmp: Path, engine: FakeEngine | None = None, seed: int =
     contract.write_text(CONTRACT_TEXT)
     specs = kernel_specs()
     x = np.random.default_rng(seed).uniform(-1, 1, size=(batch, engine.n_in))
+    np.savez(tmp / "data.npz", x=x)  # the slice 'all' (float64: the chain's points exactly)
     b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"},
-                           store_input=None)
+                           slices=SLICES, store_input=None)
     refs = [b.add_block(r) for r in engine.certify(x)]
     chain = b.sequential(refs, {"x": FakeBox.point(x)}, ["logits"], slice="all")
     linf = b.apply("linf-from-state", [chain], tensor="logits")

@@ -2,7 +2,11 @@
 
 The registry lives in --registry DIR, else $KCVERIFY_REGISTRY, else ~/.kcverify/registry.
 admit: exit 0 admitted, 1 rejected (the reasons are printed and logged), 2 bad input.
-verify: exit 0 when every admitted entry re-checks, 1 otherwise.
+  The policy: hard numerical clauses at L2 and L3 must be proved, at L0 and L1 evidence
+  (passed) suffices; --require LEVEL=proved|evidence changes one level (repeatable).
+verify: exit 0 when every admitted entry re-checks (from its stored files, under the policy it
+  was admitted with), 1 otherwise.
+Every action: 3 for an internal error of kcverify (a bug; the traceback is printed).
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("contract")
     a.add_argument("cert", nargs="?", help="certificate JSON, or the ONNX model when it is "
                    "embedded (default: MODEL.kcert.json, else the certificate embedded in MODEL)")
+    a.add_argument("--require", action="append", default=[], metavar="LEVEL=proved|evidence",
+                   help="what a hard numerical clause of LEVEL needs: a proof, or evidence "
+                   "(passed) suffices; repeatable (default: L2=proved L3=proved, L0 and L1 "
+                   "evidence)")
     a.set_defaults(func=_admit)
     ls = rs.add_parser("list", help="list entries")
     ls.add_argument("--all", action="store_true", help="include revoked entries")
@@ -57,16 +65,20 @@ def _registry(args: argparse.Namespace) -> Any:
 
 
 def _admit(args: argparse.Namespace) -> int:
+    from kcverify.registry.store import parse_policy, policy_text
+
+    policy = parse_policy(args.require)  # bad --require: one error line, exit 2, nothing logged
     cert = args.cert
     if cert is None:
         from kcverify.certs.attach import find_certificate
 
         cert = find_certificate(args.model)[0]
-    d = _registry(args).admit(args.model, args.contract, cert)
+    d = _registry(args).admit(args.model, args.contract, cert, policy)
     if d.admitted:
-        print(f"admitted: entry {d.entry_id}" + (" (already admitted)" if d.duplicate else ""))
+        print(f"admitted: entry {d.entry_id}" + (" (already admitted)" if d.duplicate else "")
+              + f" under policy {policy_text(policy)}")
         return 0
-    print("rejected:")
+    print(f"rejected (policy {policy_text(policy)}):")
     for r in d.reasons:
         print(f"  - {r}")
     return 1
@@ -101,6 +113,9 @@ def _show(args: argparse.Namespace) -> int:
     for k, dg in sorted(e["kernel_digests"].items()):
         print(f"  kernel    {k}  {dg}")
     print(f"  cert      {e['certificate_sha256']}")
+    print(f"  policy    {e['policy'] or '(none recorded)'}")
+    for f in e["files"]:
+        print(f"  file      {f['role']:<10} {f['path']}  {f['sha256']}")
     for c in e["clauses"]:
         print(f"  clause    {c['id']:<12} {'hard' if c['hard'] else 'soft'}  {c['verdict']}")
     for d in decisions:

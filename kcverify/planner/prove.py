@@ -396,7 +396,7 @@ def prove(contract_path: str | os.PathLike[str], model_path: str | os.PathLike[s
     digest_kind = "onnx-canonical-v1" if options.embed else "file-sha256"
     b = CertificateBuilder(model, contract.path, contract.kernels,
                            {"name": contract.name, "version": contract.version},
-                           model_digest=digest_kind)
+                           slices=contract.slices, model_digest=digest_kind)
     results: list[ClauseResult] = []
     for k, clause in enumerate(contract.clauses):
         s.say(f"[{k + 1}/{len(contract.clauses)}] {clause.id} ({clause.klass}): {clause.text}")

@@ -23,9 +23,11 @@ def _example(tmp_path_factory: pytest.TempPathFactory, engine: FakeEngine) -> tu
 
 @pytest.fixture()
 def example(_example: tuple[Any, ...], tmp_path: Path) -> tuple[Path, Path, dict[str, Any], dict[str, Any]]:
-    """(model, contract, kernel specs, statement): fresh copies each test may edit."""
+    """(model, contract, kernel specs, statement): fresh copies (with the slice data data.npz
+    beside the contract) each test may edit."""
     model, contract, specs, stmt = _example
     m, c = tmp_path / "model.onnx", tmp_path / "contract.yaml"
     m.write_bytes(model.read_bytes())
     c.write_bytes(contract.read_bytes())
+    (tmp_path / "data.npz").write_bytes((contract.parent / "data.npz").read_bytes())
     return m, c, specs, copy.deepcopy(stmt)

@@ -16,7 +16,7 @@ from kcverify.certs.checker import check_certificate
 from kcverify.certs.encoding import fx, unfx
 from kcverify.certs.rules import load_rule_modules, unregister_rule
 from kcverify.certs.statement import CertificateBuilder
-from kcverify.certs.testing import FakeBox, FakeEngine
+from kcverify.certs.testing import CONTRACT_TEXT, SLICES, FakeBox, FakeEngine
 
 RULE_FILE = Path(__file__).resolve().parents[2] / "examples" / "rules" / "l2_from_linf.py"
 
@@ -28,13 +28,21 @@ def l2_rule() -> Any:
     unregister_rule("l2-from-linf")
 
 
+L2_CONTRACT = CONTRACT_TEXT[:CONTRACT_TEXT.index("clauses:")] + """clauses:
+  - {id: N-L2, family: numerical, level: L2, action: guard,
+     assert: "forall x in all: l2(logits_inf(x) - logits_train(x)) <= 0.1"}
+"""
+
+
 def test_example_rule_is_used_and_checked(l2_rule: Any, example: Any, engine: FakeEngine) -> None:
     model, contract, specs, _ = example
+    contract.write_text(L2_CONTRACT)
     x = np.random.default_rng(3).uniform(-1, 1, size=(4, engine.n_in))
+    np.savez(contract.parent / "data.npz", x=x)
     b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"},
-                           store_input=None)
+                           slices=SLICES, store_input=None)
     refs = [b.add_block(r) for r in engine.certify(x)]
-    chain = b.sequential(refs, {"x": FakeBox.point(x)}, ["logits"])
+    chain = b.sequential(refs, {"x": FakeBox.point(x)}, ["logits"], slice="all")
     linf = b.apply("linf-from-state", [chain], tensor="logits")
     l2 = b.apply("l2-from-linf", [linf, chain])
     b.add_clause("N-L2", "numerical", "proved", threshold=0.1, method="fake-affine",

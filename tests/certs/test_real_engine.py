@@ -61,8 +61,10 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str
         specs = {k: parse_kernel_spec(k, v) for k, v in raw.items()}
     graph = load_onnx(model)
     x = np.random.default_rng(0).uniform(-1, 1, size=(3, 4)).astype(np.float32)
+    np.savez(d / "data.npz", x=x)
     res = bounds.certify_drift(graph, specs["train"], specs["inf"], {"x": x})
-    b = CertificateBuilder(model, contract, specs, {"name": "mlp-tiny-fp8", "version": "1.0.0"})
+    b = CertificateBuilder(model, contract, specs, {"name": "mlp-tiny-fp8", "version": "1.0.0"},
+                           slices={"all": "data.npz"})
     refs = [b.add_block(r) for r in res.blocks]
     out = graph.outputs[0].name
     chain = b.sequential(refs, {"x": bounds.DiffBox.point(x.astype(np.float64))}, [out],
@@ -106,20 +108,29 @@ def test_real_certificate_rejects_other_inputs(real: Any) -> None:
         if f.startswith(("train", "inf")):
             box[f] = encode_array(decode_array(box[f]) + 0.25)
     report = check_certificate(stmt, model, contract)
-    assert not report.ok
+    assert not report.ok  # the shifted region misses the slice's data ...
+    assert any("does not contain the inputs of slice 'all'" in p for p in report.problems)
+    report = check_certificate(stmt, model, contract, input_region=lambda s: {})
+    assert not report.ok  # ... and is not what the first block assumed
     assert any("does not contain the model-input region" in p for p in report.problems)
 
 
 def test_real_certificate_is_compared_with_the_slice_data(real: Any) -> None:
     model, contract, stmt = real[0], real[1], copy.deepcopy(real[2])
-    x = np.random.default_rng(0).uniform(-1, 1, size=(3, 4)).astype(np.float32)
-    np.savez(contract.parent / "data.npz", x=x)
+    data = contract.parent / "data.npz"
+    honest = data.read_bytes()
+    x = np.load(data)["x"]
     try:
-        assert check_certificate(stmt, model, contract).ok
         x[1, 2] += 0.125
-        np.savez(contract.parent / "data.npz", x=x)
+        np.savez(data, x=x)
         report = check_certificate(stmt, model, contract)
         assert not report.ok
+        assert any(p.startswith("slice 'all': digest mismatch") for p in report.problems)
         assert any("does not contain the inputs of slice 'all'" in p for p in report.problems)
+        data.unlink()  # a slice whose data cannot be read fails the check (never a note)
+        report = check_certificate(stmt, model, contract)
+        assert not report.ok
+        assert any(p.startswith("slice 'all':") and "cannot read" in p for p in report.problems)
     finally:
-        (contract.parent / "data.npz").unlink()
+        data.write_bytes(honest)
+    assert check_certificate(stmt, model, contract).ok

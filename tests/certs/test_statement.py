@@ -36,14 +36,19 @@ def test_statement_shape(example: Any) -> None:
     model, contract, specs, stmt = example
     assert stmt["_type"] == STATEMENT_TYPE and stmt["predicateType"] == PREDICATE_TYPE
     names = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
-    assert set(names) == {"model.onnx", "contract.yaml", "kernel:train", "kernel:inf"}
+    assert set(names) == {"model.onnx", "contract.yaml", "kernel:train", "kernel:inf", "slice:all"}
     canon = json.dumps(specs["inf"].canonical(), sort_keys=True).encode()
     import hashlib
 
     assert names["kernel:inf"] == hashlib.sha256(canon).hexdigest() == kernel_spec_digest(specs["inf"])
     assert names["contract.yaml"] == hashlib.sha256(contract.read_bytes()).hexdigest()
+    data = contract.parent / "data.npz"
+    assert names["slice:all"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    (sl,) = [s for s in stmt["subject"] if s["name"] == "slice:all"]
+    assert sl["annotations"] == {"kcverify.role": "slice", "kcverify.digest": "file-sha256",
+                                 "kcverify.path": "data.npz"}
     pred = stmt["predicate"]
-    assert pred["format"] == "kcverify-certificate" and pred["format_version"] == 1
+    assert pred["format"] == "kcverify-certificate" and pred["format_version"] == 2
     assert {"torch", "onnx", "numpy", "z3-solver"} <= set(pred["libraries"])
     assert pred["contract"] == {"name": "fake-contract", "version": "1.0.0"}
 
@@ -95,7 +100,12 @@ def _mutations() -> list[tuple[str, Any, str]]:
         ("predtype", setv(["predicateType"], "x"), "predicateType"),
         ("no subject", drop(["subject"]), "missing 'subject'"),
         ("digest", setv(["subject", 0, "digest", "sha256"], "abc"), r"subject\[0\].digest.sha256"),
-        ("format_version", setv(["predicate", "format_version"], 2), "format_version 2"),
+        ("format_version", setv(["predicate", "format_version"], 1),
+         "format_version 1 is not supported .* did not bind the slice data"),
+        ("role", setv(["subject", 0, "annotations", "kcverify.role"], "weights"),
+         "kcverify.role must be one of"),
+        ("slice path", drop(["subject", 2, "annotations", "kcverify.path"]),
+         r"a slice subject needs its path \(kcverify.path\)"),
         ("verdict", setv(["predicate", "clauses", 0, "verdict"], "maybe"), "verdict: 'maybe'"),
         ("bound", setv(["predicate", "clauses", 0, "bound"], "zero"), "not a float.hex"),
         ("hard", drop(["predicate", "clauses", 0, "hard"]), "missing 'hard'"),

@@ -54,6 +54,7 @@ def example(_example: Any, tmp_path: Path) -> tuple[Path, Path, Path, dict[str, 
     d.mkdir()
     (d / "model.onnx").write_bytes(model.read_bytes())
     (d / "contract.yaml").write_bytes(contract.read_bytes())
+    (d / "data.npz").write_bytes((contract.parent / "data.npz").read_bytes())
     cert = d / "model.onnx.kcert.json"
     cert.write_text(json.dumps(stmt))
     return d / "model.onnx", d / "contract.yaml", cert, copy.deepcopy(stmt)
@@ -77,7 +78,7 @@ def test_admit_list_show_revoke(example: Any, engine: FakeEngine, tmp_path: Path
     d = reg.admit(model, contract, cert)
     assert d.admitted and d.entry_id == 1 and not d.duplicate
     files = blob_files(reg)
-    assert len(files) == 4  # model, contract, kernel specs, certificate
+    assert len(files) == 5  # model, contract, slice data, kernel specs, certificate
     import hashlib
 
     assert all(hashlib.sha256(p.read_bytes()).hexdigest() == p.name for p in files)
@@ -89,7 +90,7 @@ def test_admit_list_show_revoke(example: Any, engine: FakeEngine, tmp_path: Path
     assert reg.certificate(1)["predicate"]["contract"]["name"] == "fake-contract"
     again = reg.admit(model, contract, cert)  # same tuple: deduplicated, still logged
     assert again.admitted and again.duplicate and again.entry_id == 1
-    assert len(blob_files(reg)) == 4 and len(reg.entries()) == 1
+    assert len(blob_files(reg)) == 5 and len(reg.entries()) == 1
     reg.revoke(1, "kernel rolled back")
     assert reg.entry(1)["status"] == "revoked" and reg.entries("admitted") == []
     with pytest.raises(RegistryError, match="already revoked"):
@@ -247,7 +248,8 @@ def test_concurrent_admits(tmp_path: Path) -> None:
     reg = Registry(tmp_path / "reg")
     assert reg.integrity() == []
     assert len(reg.entries()) == 3
-    assert len(blob_files(reg)) == 2 + 1 + 1 + 3  # models, contract, kernel specs (shared), certs
+    # models, contract, kernel specs (shared), slice data and certs (one per certificate)
+    assert len(blob_files(reg)) == 2 + 1 + 1 + 3 + 3
     actions = [d["action"] for d in reg.decisions()]
     assert actions.count("admit") == 9 and actions.count("reject") == 2
 
@@ -273,7 +275,7 @@ def test_cli(example: Any, engine: FakeEngine, tmp_path: Path, monkeypatch: pyte
     st["predicate"]["clauses"][0]["bound"] = fx(0.0)
     cert.write_text(json.dumps(st))
     assert main(["registry", "admit", str(model), str(contract), str(cert)]) == 1
-    assert "rejected:" in capsys.readouterr().out
+    assert "rejected (policy L0=evidence L1=evidence L2=proved L3=proved):" in capsys.readouterr().out
     assert main(["registry", "--registry", str(tmp_path / "reg"), "revoke", "1",
                  "--reason", "superseded"]) == 0
     assert main(["registry", "show", "1"]) == 0

@@ -93,3 +93,19 @@ def gamma(n: int, u: float) -> float:
     if nu >= 1.0:
         return float("inf")
     return nu / (1.0 - nu)
+
+
+def sum_error(n: int, u: float, exact_terms: bool = True) -> float:
+    """k with |fl(sum x_i) - sum x_i| <= k * sum |x_i| for n terms added in *any* order (any
+    evaluation tree), every addition rounded to nearest with unit roundoff u.
+
+    ``exact_terms``: the terms are values of the accumulator format, so only the n - 1
+    additions round and k = (n - 1) u, for every n (Rump 2012 for recursive summation,
+    Jeannerod & Rump 2013 for any order: no 1/(1 - nu) factor; additions are exact below the
+    normal range, so no absolute term). Otherwise each term is rounded on entry too and
+    k = gamma_n (Higham, Thm 3.1)."""
+    if n <= 1:
+        return 0.0 if exact_terms else (u if n == 1 else 0.0)
+    if exact_terms:
+        return (n - 1) * u
+    return gamma(n, u)

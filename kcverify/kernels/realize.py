@@ -22,6 +22,9 @@ transformations, so every rounding below is a single correct rounding):
   fl_compute(m * acc), one rounding of the exact product. With per-block scales each block's
   partial sum is promoted as fl_acc(m * p_block) and the blocks are summed in the accumulator
   format (still at most n roundings per product), then rounded to the compute format.
+* ``reduce_sum(node, x, dims)``: the row sums inside Softmax, LayerNormalization and ReduceSum
+  (the executor's OpContext.row_sum) are accumulated like a dot product's terms, in the
+  accumulator format in the realization's order, then stored in the compute format ("reduce").
 * ``round(node, primitive, value)`` (every other op's result) rounds to the compute format: to
   nearest, or with ``rounding`` up / down / random to the largest / smallest / either grid point
   within ulps(primitive) * u * |value| of the value (never beyond what the spec admits; nearest
@@ -229,6 +232,26 @@ class Realization:
             r = torch.where(pick, up, down)
         r = torch.where(torch.isfinite(v), r, rn)  # +-inf (masks) and NaN stay as they are
         return r.to(value.dtype)
+
+    def reduce_sum(self, node: Node, x: torch.Tensor, dims: tuple[int, ...], keepdim: bool = True
+                   ) -> torch.Tensor:
+        """A row sum inside an op (Softmax's sum of exps, LayerNormalization's moments,
+        ReduceSum): accumulated in the accumulator format in this realization's order, then
+        stored in the compute format (``round(node, "reduce", ...)``)."""
+        if not x.is_floating_point():
+            return x.sum(dim=dims, keepdim=keepdim)
+        nd = x.dim()
+        ds = sorted({d % max(nd, 1) for d in dims}) if nd else []
+        rest = [d for d in range(nd) if d not in ds]
+        v = x.to(_F64).permute(*rest, *ds) if nd else x.to(_F64).reshape(1)
+        lead = [x.shape[d] for d in rest]
+        t = v.reshape(*lead, -1)
+        gen = _seeded(self.seed, node.name, "row-sum", ",".join(map(str, ds)))
+        out = self._accumulate(t, {}, gen)
+        if keepdim:
+            shape = [1 if d in ds else x.shape[d] for d in range(nd)]
+            out = out.reshape(shape)
+        return self.round(node, "reduce", out).to(x.dtype)
 
     def graph_input(self, name: str, value: torch.Tensor) -> torch.Tensor:
         if not value.is_floating_point():

@@ -9,7 +9,21 @@ Pure Python (the DSL imports this). The semantics a spec fixes, for every progra
   ``activations`` (when given; otherwise they stay in ``compute`` format), multiplies exactly and
   accumulates in ``accumulate`` format in any order (error <= gamma_n * sum |a_i b_i|), then
   rescales and rounds the result to ``compute`` format;
-* casts round to nearest-even unless ``rounding: any`` (then any neighbour of the exact value).
+* casts round to nearest-even unless ``rounding: any`` (then any neighbour of the exact value);
+* every sum over a tensor's elements - a standalone ReduceSum / ReduceMean, and the row sums
+  inside normalising ops (Softmax's sum of exps, LayerNormalization's mean and variance) - is a
+  reduction like a dot product's: its n terms are added in any order (any evaluation tree) in
+  the ``accumulate`` format, then stored in the compute format with ulps["reduce"]. Error:
+  (n - 1) u_acc * sum |x| (Jeannerod & Rump 2013), or gamma_n when the compute format is finer
+  than the accumulator. Never one ulp: torch's own fp32 softmax at n = 4096 is outside that;
+* Softmax: subtract the row max (add), exp (ulps["exp"]), the row sum above, then one division
+  or the reciprocal of the sum times each term (div, then mul: torch's and onnxruntime's CPU
+  kernels);
+* LayerNormalization: the row's mean and variance in the accumulator format either by sums
+  (two-pass: mean = sum/n, var = sum((x - mean)^2)/n; onnxruntime, ONNX's function body) or by
+  Welford / Chan updates combined in a tree of depth <= 32 + ceil(log2 n) (torch's
+  RowwiseMoments), then r = rsqrt(var + eps) (ulps["rsqrt"], or sqrt then div) and
+  y = ((x - mean) * r) * g + b, each operation correctly rounded in the compute format.
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@ admits an error (DESIGN 1.1) goes through an ``Arithmetic`` object instead:
 * ``round``: the output of every other op that computes new values, tagged with the primitive
   that produced it (see kcverify.kernels.spec.DEFAULT_ULPS), so a realization can round it to the
   compute format (with any error allowed by the spec);
-* ``graph_input``: each float graph input, so a realization can store it in its compute format.
+* ``graph_input``: each float graph input, so a realization can store it in its compute format;
+* ``reduce_sum`` (optional): the row sums of Softmax, LayerNormalization and ReduceSum, so a
+  realization can accumulate them in its own format and order (OpContext.row_sum; without it the
+  exact sum is tagged "reduce").
 
 ``Exact`` is the default: the reference function, computed in the executor's dtype.
 """

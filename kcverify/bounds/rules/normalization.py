@@ -4,12 +4,30 @@ Exact enclosure over a box: c_j = x_j - mu = (1 - 1/n) x_j - (1/n) sum_{k!=j} x_
 loss), var = mean(c^2) in [mean(mig(c)^2), mean(mag(c)^2)], r = (var + eps)^-1/2, and the
 normalised x_hat = c r also lies in [-sqrt(n - 1), sqrt(n - 1)] (sum x_hat = 0, sum x_hat^2 <= n).
 
-A conforming program computes it two-pass (mean, centre, mean of squares, rsqrt, scale, shift;
-torch and ONNX's function body do) or fused, each primitive within the spec's error (a sum is a
-primitive: relative error ulps("reduce") * u, DESIGN 1.1's row for normalising ops). With the mean
-off by e_mu <= ((1 + k_r u)(1 + k_d u) - 1)|mu| + 2 eta, sum_j (c_j + e)^2 = sum c_j^2 + n e^2 (the cross term
-vanishes), so the computed r is within relative rho_r of the exact one and the realised y_j within
-|g_j| r (e_mu + |c_j| rho) + u_out |y_j| + eta-terms of the exact value at the same input.
+A conforming program (kcverify/kernels/spec.py) computes the row's moments in the accumulator
+format by one of two families, and then y = ((x - mu~) r~) g + b in the compute format, each
+operation correctly rounded (torch: (x + (-mu~)) * r~ * g + b; onnxruntime, ONNX's function body
+and the realizer: the same order):
+
+* sums (two-pass; onnxruntime, ONNX's function body): mu~ = fl(S~ / n) with S~ the row sum in any
+  order (reduce.row_sum_factor: (n - 1) u_acc sum |x|), stored with ulps("reduce"); then
+  v~ = fl(sum fl((x - mu~)^2) / n). Since sum (x - mu~)^2 / n = v + e_mu^2 exactly (the cross
+  term vanishes), |v~ - v| <= rho_2 (v + e_mu^2) + e_mu^2 + eta-terms.
+* Welford / Chan updates combined in a binary tree of depth <= D = WELFORD_DEPTH + ceil(log2 n)
+  (torch's RowwiseMoments: Welford chains of <= 16 inside a chunk, a pairwise cascade across
+  chunks and SIMD lanes, a tail of < one vector: depth <= 26 + log2 n with 16 lanes): a node's
+  mean mu_a + c (mu_b - mu_a) rounds by <= (1 + 6c) u_acc max|x|, so along any path
+  |e_mu| <= 7 D u_acc max|x| (and <= 3.5 (n + 1) u_acc max|x| for any tree: the errors reach
+  the root weighted by their subtree's share of the row). The sum of squares M = sum over nodes
+  of delta^2 w (w = n_a n_b / n, sum w <= n log2 n) gets relative rounding
+  <= (1 + u)^(2D + 8) - 1 and, from the children's mean errors, <= 4 E sqrt(M n log2 n)
+  + 4 E^2 n log2 n (Cauchy-Schwarz; Chan, Golub & LeVeque 1983 for the first-order behaviour).
+The bound is the larger of the two families'. The rsqrt (ulps("rsqrt"), or sqrt then div) of
+v~ + eps is then within (1 - a)^(-1/2) (1 + k u) - 1 relative of r = (v + eps)^(-1/2), with
+a = max |v~ - v| / (v + eps), and the realised y_j within
+|g_j| r (e_mu (1 + rho) + |c_j| rho) + u_out |y_j| + eta-terms of the exact value at the same
+input. (A 1-ulp row sum, the earlier model, is exceeded 238x by a sequential fp32 sum at n = 4096
+and row mean 1e4.)
 Drift: the Jacobian (g/sigma)(I - 11^T/n - x_hat x_hat^T/n) over the hull (mean-value theorem),
 plus both kernels' errors, intersected with the value-set difference.
 """
@@ -59,23 +77,82 @@ def _norm_parts(lo: torch.Tensor, hi: torch.Tensor, eps: float):
     return (c_lo, c_hi), (r_lo, r_hi), (v_lo, v_hi), (xh_lo, xh_hi)
 
 
-def _realized_err(spec: KernelSpec, lo, hi, c, r, v, eps, g_mag, y_mag) -> torch.Tensor:
+WELFORD_DEPTH = 32  # the Welford family's tree depth is at most this + ceil(log2 n)
+
+
+def welford_depth(n: int) -> int:
+    """The depth bound D of the Welford / Chan family (module doc)."""
+    return WELFORD_DEPTH + math.ceil(math.log2(max(n, 1)))
+
+
+def _mean_errors(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """Bounds on |mu~ - mu| for the two families of the module doc (sums, Welford trees), and
+    the sums' (k_sum, a_sum) row-sum factors."""
+    from kcverify.bounds.rules.reduce import row_sum_factor
+
     n = lo.shape[-1]
     u, eta = spec.compute.u, spec.compute.eta
-    k_r = max(spec.ulp("rsqrt"), spec.ulp("sqrt") + spec.ulp("div"))
-    # the sums inside a normalising op are primitives (DESIGN 1.1, last row): the exact sum
-    # with relative error <= ulps("reduce") * u, then the division by n
-    gn = spec.ulp("reduce") * u
-    s_lo, s_hi = fsum(lo, hi, -1, keepdim=True)
-    mean_abs = mag(s_lo, s_hi) / n * (1 + 4 * U64)
-    e_mu = ((1 + gn) * (1 + spec.ulp("div") * u) - 1) * mean_abs + 2 * eta
-    rho_v = (1 + u) ** 3 * (1 + gn) - 1 + n * eta / (v[0] + eps)
-    rho_r = (math.sqrt(1 + 4 * u) * torch.sqrt((1 + rho_v) * (1 + e_mu ** 2 / (v[0] + eps)))
-             * (1 + k_r * u) - 1)
-    rho = (1 + u) ** 3 * (1 + rho_r) - 1
+    acc = spec.accumulate
+    k_sum, a_sum = row_sum_factor(spec, n)
+    m_abs = mag(lo, hi)
+    s_abs = m_abs.sum(-1, keepdim=True) * (1 + (n + 4) * U64)
+    m_x = m_abs.amax(-1, keepdim=True)
+    store = (1 + spec.ulp("reduce") * u) * (1 + spec.ulp("div") * u)
+    e_sums = ((1 + k_sum) * store - 1) * s_abs / n + a_sum / n + 2 * eta
+    steps = min(3.5 * (n + 1), 7.0 * welford_depth(n))
+    e_tree = steps * acc.u * m_x * 1.01 + n * acc.eta + (spec.ulp("reduce") * u * m_x + eta)
+    return e_sums, e_tree, k_sum, a_sum
+
+
+def _var_rel(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, v_lo: torch.Tensor, eps: float,
+             e_sums: torch.Tensor, e_tree: torch.Tensor, k_sum: float, a_sum: float
+             ) -> torch.Tensor:
+    """a >= |v~ - v| / (v + eps) for every v >= v_lo, over both families (module doc)."""
+    n = lo.shape[-1]
+    u, eta = spec.compute.u, spec.compute.eta
+    acc = spec.accumulate
+    den = v_lo + eps
+    store = (1 + spec.ulp("reduce") * u) * (1 + spec.ulp("div") * u)
+    # sums: v~ = (v + e^2)(1 + theta), |theta| <= rho_2
+    rho_2 = (1 + spec.ulp("add") * u) ** 2 * (1 + spec.ulp("mul") * u) * (1 + k_sum) * store - 1
+    abs_2 = (n * eta + a_sum) / n * (1 + rho_2) + 2 * eta
+    a_2 = rho_2 + ((1 + rho_2) * e_sums ** 2 + abs_2) / den
+    # Welford / Chan trees
+    log_n = max(1.0, math.log2(max(n, 2)))
+    rho_w = math.expm1((2 * min(n, welford_depth(n)) + 8) * math.log1p(acc.u)) * (1 + 1e-9)
+    rho_w = (1 + rho_w) * store - 1
+    h = torch.where(v_lo >= eps, torch.sqrt(v_lo.clamp_min(0.0)) / den,
+                    torch.full_like(v_lo, 0.5 / math.sqrt(eps) if eps > 0 else math.inf))
+    abs_w = 4 * acc.eta + 2 * eta
+    a_w = rho_w + 4 * e_tree * math.sqrt(log_n) * h + (4 * e_tree ** 2 * log_n + abs_w) / den
+    return pad_hi(torch.maximum(a_2, a_w), 1e-6)
+
+
+def _realized_err(spec: KernelSpec, lo, hi, c, r, v, eps, g_mag, y_mag) -> torch.Tensor:
+    """|y_realized - layernorm(x)| bound for x in [lo, hi] (module doc): the moments' errors,
+    the rsqrt's, and the roundings of the centring, the scalings and the bias."""
+    u, eta = spec.compute.u, spec.compute.eta
+    e_sums, e_tree, k_sum, a_sum = _mean_errors(spec, lo, hi)
+    e_mu = torch.maximum(e_sums, e_tree)
+    a = _var_rel(spec, lo, hi, v[0], eps, e_sums, e_tree, k_sum, a_sum)
+    # rsqrt of fl(v~ + eps): rsqrt, or sqrt then a division (ulps; products of the two are
+    # second order, covered by the 0.01), and the addition's rounding halved by the root
+    k_r = max(spec.ulp("rsqrt"), spec.ulp("sqrt") + spec.ulp("div")) + 0.5 * spec.ulp("add") + 0.01
+    ok = a < 0.5
+    a_safe = torch.where(ok, a, torch.zeros_like(a))
+    rho_r = (1 - a_safe) ** -0.5 * (1 + k_r * u) * (1 + 1e-9) - 1
+    k_mul, k_add = spec.ulp("mul"), spec.ulp("add")
+    rho = (1 + k_add * u) * (1 + k_mul * u) ** 2 * (1 + rho_r) - 1
     c_mag = mag(*c)
-    err = g_mag * r[1] * (e_mu * (1 + u) + c_mag * rho) * (1 + 1e-6)
-    err = err + 2.01 * u * y_mag + 4 * eta
+    err = g_mag * r[1] * (e_mu * (1 + rho) + c_mag * rho) * (1 + 1e-6)
+    # the moments may be off by anything the families allow: r~ <= eps^-1/2 (1 + k u) and
+    # |x - mu~| <= |c| + e_mu still hold
+    r_max = (1.0 / math.sqrt(eps) if eps > 0 else math.inf) * (1 + k_r * u) * (1 + 1e-9)
+    wide = g_mag * ((c_mag + e_mu) * r_max * (1 + k_add * u) * (1 + k_mul * u) ** 2
+                    + c_mag * r[1]) * (1 + 1e-6)
+    err = torch.where(ok, err, wide)
+    err = err + (1.01 * k_add * u) * y_mag + (1.01 * k_add * u) * err + 4 * eta
     return pad_hi(err, 1e-6)
 
 

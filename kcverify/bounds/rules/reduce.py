@@ -1,9 +1,14 @@
-"""ReduceSum / ReduceMean / ReduceMax / ReduceMin.
+"""ReduceSum / ReduceMean / ReduceMax / ReduceMin, and the row-sum error model.
 
-A sum of n terms in any order, in the compute (or a wider accumulator) format, is within
-gamma_n(u) * sum |x| of the exact sum (u the larger of the two unit roundoffs); a mean adds one
-division. Drift: sum of drifts plus both kernels' errors. Max/min are monotone selections
-(1-Lipschitz in L-inf): drift within [min dl, max dh] of the reduced group.
+Every sum a conforming program forms over a tensor's elements (a standalone ReduceSum, and the
+row sums inside Softmax and LayerNormalization) is accumulated in the spec's ``accumulate``
+format in any order (any evaluation tree), then stored in the compute format with
+ulps("reduce"). ``row_sum_factor`` is that model's one formula: with the terms values of the
+accumulator (the compute format is no finer than it), |fl(sum) - sum| <= (n - 1) u_acc sum |x|
+(Jeannerod & Rump 2013, any order, any n); otherwise gamma_n(u_acc) sum |x| + n eta_acc (every
+term rounded on entry). A mean adds one division. Drift: sum of drifts plus both kernels'
+errors. Max/min are monotone selections (1-Lipschitz in L-inf): drift within [min dl, max dh]
+of the reduced group.
 """
 
 from __future__ import annotations
@@ -12,7 +17,23 @@ import torch
 
 from kcverify.bounds.box import Box, Concrete, fsum, mag
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
-from kcverify.kernels.formats import gamma
+from kcverify.kernels.formats import sum_error
+from kcverify.kernels.spec import KernelSpec
+
+
+def terms_exact(spec: KernelSpec) -> bool:
+    """Whether every compute-format value is a value of the accumulator format."""
+    c, a = spec.compute, spec.accumulate
+    return a.mantissa_bits >= c.mantissa_bits and a.exponent_bits >= c.exponent_bits
+
+
+def row_sum_factor(spec: KernelSpec, n: int) -> tuple[float, float]:
+    """(k, a): a sum of n terms accumulated by ``spec`` in any order is within
+    k * sum |x| + a of the exact sum (before it is stored in the compute format)."""
+    acc = spec.accumulate
+    exact = terms_exact(spec)
+    k = sum_error(n, acc.u, exact)
+    return k * (1 + 1e-12), (0.0 if exact else n * acc.eta)
 
 
 def _axes(ctx: RuleCtx, x: Box, axes) -> tuple[int, ...]:
@@ -34,8 +55,8 @@ def _reduce_sum(ctx: RuleCtx, x: Box, dims: tuple[int, ...], keep: bool, mean: b
     vals, errs = [], []
     for spec, lo, hi in ((ctx.train, x.tl, x.th), (ctx.inf, x.il, x.ih)):
         s_lo, s_hi = fsum(lo, hi, dims, keepdim=keep)
-        g = gamma(n, spec.accumulate.u)  # any order in the accumulator; ctx.round adds the rest
-        acc = g * mag(lo, hi).sum(dims, keepdim=keep) * (1 + 1e-9) + n * spec.accumulate.eta
+        k, a = row_sum_factor(spec, n)  # any order in the accumulator; ctx.round adds the rest
+        acc = k * mag(lo, hi).sum(dims, keepdim=keep) * (1 + (n + 4) * 2.0**-52) + a
         s_lo, s_hi = s_lo - acc, s_hi + acc
         if mean:
             s_lo, s_hi = s_lo / n, s_hi / n

@@ -95,6 +95,15 @@ class OpContext:
             return value
         return self.arithmetic.round(self.node, primitive, value)
 
+    def row_sum(self, x: torch.Tensor, dims: tuple[int, ...], keepdim: bool = True) -> torch.Tensor:
+        """A sum over ``dims`` that a kernel accumulates in its own format and order (the row sums
+        of Softmax, LayerNormalization, ReduceSum): handed to the arithmetic's ``reduce_sum``
+        when it has one (a realization chooses the order), else summed and tagged "reduce"."""
+        fn = getattr(self.arithmetic, "reduce_sum", None)
+        if fn is None or not x.is_floating_point():
+            return self.round("reduce", x.sum(dim=dims, keepdim=keepdim))
+        return fn(self.node, x, dims, keepdim)
+
     def input_dtype(self, index: int) -> str | None:
         """The element type the graph declares for input ``index`` (e.g. 'float8_e4m3fn')."""
         return self.input_dtypes[index] if index < len(self.input_dtypes) else None

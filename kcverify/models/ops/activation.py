@@ -65,7 +65,7 @@ def gelu(ctx: OpContext, x: torch.Tensor, *, approximate: str = "none") -> torch
 def _softmax_parts(ctx: OpContext, x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(x - max x, sum exp(x - max x)), each step tagged."""
     d = ctx.round("add", x - x.amax(dim=dim, keepdim=True))
-    s = ctx.round("reduce", ctx.round("exp", torch.exp(d)).sum(dim=dim, keepdim=True))
+    s = ctx.row_sum(ctx.round("exp", torch.exp(d)), (dim,))
     return d, s
 
 

@@ -32,10 +32,10 @@ def layer_norm(ctx: OpContext, x: torch.Tensor, scale: torch.Tensor, bias: torch
         inv = torch.rsqrt(var + epsilon)
         y = (x - mean) * inv * scale
         return (y + bias if bias is not None else y), mean, inv
-    mean = ctx.round("div", ctx.round("reduce", x.sum(dim=dims, keepdim=True)) / n)
+    mean = ctx.round("div", ctx.row_sum(x, dims) / n)
     d = ctx.round("add", x - mean)
     sq = ctx.round("mul", d * d)
-    var = ctx.round("div", ctx.round("reduce", sq.sum(dim=dims, keepdim=True)) / n)
+    var = ctx.round("div", ctx.row_sum(sq, dims) / n)
     inv = ctx.round("rsqrt", torch.rsqrt(ctx.round("add", var + epsilon)))
     y = ctx.round("mul", ctx.round("mul", d * inv) * scale)
     if bias is not None:
@@ -66,6 +66,6 @@ def rms_norm(ctx: OpContext, x: torch.Tensor, scale: torch.Tensor, *, axis: int 
     if ctx.exact:
         inv = torch.rsqrt(x.square().mean(dim=dims, keepdim=True) + epsilon)
         return x * inv * scale
-    ms = ctx.round("div", ctx.round("reduce", ctx.round("mul", x * x).sum(dim=dims, keepdim=True)) / n)
+    ms = ctx.round("div", ctx.row_sum(ctx.round("mul", x * x), dims) / n)
     inv = ctx.round("rsqrt", torch.rsqrt(ctx.round("add", ms + epsilon)))
     return ctx.round("mul", ctx.round("mul", x * inv) * scale)

@@ -15,7 +15,7 @@ Reducer = Callable[[OpContext, torch.Tensor, tuple[int, ...], bool], torch.Tenso
 
 
 def _sum(ctx: OpContext, x: torch.Tensor, dims: tuple[int, ...], keep: bool) -> torch.Tensor:
-    return ctx.round("reduce", x.sum(dim=dims, keepdim=keep))
+    return ctx.row_sum(x, dims, keep)
 
 
 def _mean(ctx: OpContext, x: torch.Tensor, dims: tuple[int, ...], keep: bool) -> torch.Tensor:

@@ -36,7 +36,7 @@ TOP_KEYS = ("contract", "version", "description", "model", "kernels", "slices", 
             "escalation", "temperature")
 CLAUSE_KEYS = ("id", "family", "description", "assert", "metric", "slices", "threshold",
                "budget", "hard", "level", "action", "temperature")
-SLICE_KEYS = ("inputs", "where", "region")
+SLICE_KEYS = ("inputs", "where", "region", "traces")
 REGION_KEYS = ("space", "norm", "eps")
 MODEL_KEYS = ("onnx", "sha256")
 KERNELS = ("train", "inf")
@@ -208,16 +208,20 @@ class _Loader:
                 spec = {"inputs": spec}
             spec = self.mapping(spec, p, f"slice {name!r}")
             self.keys(spec, p, SLICE_KEYS, f"slice {name!r}")
-            inputs = self.string(self.require(spec, p, "inputs", f"slice {name!r}",
-                                              " (an .npz file of token ids)"),
-                                 (*p, "inputs"), "inputs")
+            traces = (self.string(spec["traces"], (*p, "traces"), "traces")
+                      if "traces" in spec else None)  # kcverify.enforce: a JSONL trace file
+            inputs = "" if traces is not None and "inputs" not in spec else self.string(
+                self.require(spec, p, "inputs", f"slice {name!r}",
+                             " (an .npz file of token ids, or traces: a JSONL trace file)"),
+                (*p, "inputs"), "inputs")
             where = None
             if spec.get("where") is not None:
                 where = self.expr(spec["where"], (*p, "where"), "where")
                 check_condition(where, self.file, (), WHERE_FIELDS, "a slice's where")
             region = self.region(spec["region"], (*p, "region")) if "region" in spec else None
             line, col = self.src.key_at(p)
-            out[str(name)] = Slice(str(name), inputs, where, region, line=line, column=col)
+            out[str(name)] = Slice(str(name), inputs, where, region, traces, line=line,
+                                   column=col)
         return out
 
     def region(self, raw: Any, path: Path_) -> Region:

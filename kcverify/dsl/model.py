@@ -45,13 +45,16 @@ class Slice:
     """A finite set of inputs (an .npz file), optionally filtered, optionally thickened to a region.
 
     ``where`` is a condition over ``len`` (the input's token count); ``inputs`` is as written,
-    relative to the contract file (see Contract.resolve).
+    relative to the contract file (see Contract.resolve). ``traces``: a JSONL trace file whose
+    records all belong to this slice (kcverify monitor / promote, docs/enforcement.md); a slice
+    given only by traces has ``inputs`` "" and cannot be evaluated offline.
     """
 
     name: str
     inputs: str
     where: Expr | None = None
     region: Region | None = None
+    traces: str | None = None
     line: int | None = _pos()
     column: int | None = _pos()
 

@@ -68,7 +68,9 @@ def contract_to_data(c: Contract) -> dict[str, Any]:
     out["kernels"] = {name: _kernel(k) for name, k in c.kernels.items()}
     slices: dict[str, Any] = {}
     for name, s in c.slices.items():
-        entry: dict[str, Any] = {"inputs": s.inputs}
+        entry: dict[str, Any] = {"inputs": s.inputs} if s.inputs or not s.traces else {}
+        if s.traces is not None:
+            entry["traces"] = s.traces
         if s.where is not None:
             entry["where"] = to_text(s.where)
         if s.region is not None:

@@ -170,6 +170,13 @@ def register_rule(name: str, *, replace: bool = False) -> Callable[[Any], Any]:
             raise ValueError(f"composition rule {name!r} is already registered")
         if not (obj.__doc__ or "").strip():
             raise ValueError(f"composition rule {name!r} needs a docstring stating the rule")
+        derives = getattr(obj, "derives", None)
+        if derives is not None:  # a DSL quantity of the one table (kcverify.dsl.quantities)
+            from kcverify.dsl.quantities import QUANTITIES
+
+            if derives not in QUANTITIES:
+                raise ValueError(f"composition rule {name!r}: derives {derives!r} is not a "
+                                 f"quantity of the table; known: {', '.join(QUANTITIES)}")
         rule = obj() if isinstance(obj, type) else _FunctionRule(obj)
         rule.name = name
         RULES[name] = rule

@@ -7,6 +7,7 @@ import json
 
 from kcverify.dsl import load_contract
 from kcverify.dsl.describe import describe
+from kcverify.dsl.quantities import query_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +50,5 @@ def run(args: argparse.Namespace) -> int:
               f"{soft}")
         print(f"      {c['condition']}")
         for q in c["queries"]:
-            where = "per token" if q["per_position"] else "per input"
-            print(f"      certify: {q['aggregate']} of {q['quantity']} over {q['slice']} "
-                  f"({where}) {q['op']} {q['threshold']:g}")
+            print(f"      certify: {query_text(q)}")
     return 0

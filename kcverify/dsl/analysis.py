@@ -4,11 +4,13 @@
 shapes (S a slice, x its input variable, t a token position, c a number; ``a - b`` may be written
 ``b - a`` where the quantity is symmetric; ``c >= Q`` is read as ``Q <= c``), else None:
 
-    forall x in S: [forall t:] Q op c              aggregate "max"   (every element)
-    max(x in S[, t]: Q) op c                       aggregate "max"
-    mean | p50 | p95 | p99 (x in S[, t]: Q) op c   aggregate "mean" | "p50" | "p95" | "p99"
+    forall x in S: [forall t:] Q op c              aggregate "max" (a drift: every element <= c)
+    forall x in S: [forall t:] A                   aggregate "min", ">= 1" (an agreement A holds
+                                                   at every element)
+    max | min | mean | p50 | p95 | p99 (x in S[, t]: Q) op c     that aggregate
 
-with op ``<=`` or ``<`` and the quantity Q one of
+with op ``<=`` or ``<`` for a drift and ``>=`` or ``>`` for an agreement, and the quantity Q one
+of the quantity table's (kcverify.dsl.quantities.QUANTITIES), written in one of its forms:
 
     logit_linf    linf(logits_inf(x[, t]) - logits_train(x[, t]))
     logit_l2      l2(logits_inf(x[, t]) - logits_train(x[, t]))
@@ -16,12 +18,12 @@ with op ``<=`` or ``<`` and the quantity Q one of
     ratio_dev     abs(ratio(x, t) - 1)
     tv            tv(x[, t])   or  tv(probs_train(x[, t]), probs_inf(x[, t]))  (either order)
     kl            kl(x[, t])   or  kl(probs_train(x[, t]), probs_inf(x[, t]))  (KL(p || q) only)
-
-and the agreement quantities, with op ``>=`` or ``>`` under an aggregate (a fraction of elements),
-or as the whole body of a forall (then op ``>=`` and threshold 1: every element agrees):
-
     top1_agree    top1_agree(x[, t])                 (k = 1)
     topk_agree    topk_agree(x[, t], k)              (k as written)
+
+An agreement (direction "lower" in the table) is a condition: under an aggregate it is a
+fraction of elements; as the whole body of a forall it must hold everywhere, which is the
+query ``min(...) >= 1``.
 
 ``per_position`` is true when the quantity is evaluated per token position t (the aggregate then
 ranges over (input, position) pairs). ``numerical_queries`` also splits conjunctions (the short
@@ -45,10 +47,11 @@ from kcverify.dsl.ast import (
     number_value,
 )
 from kcverify.dsl.model import Clause
+from kcverify.dsl.quantities import AGGREGATES as AGGREGATES
+from kcverify.dsl.quantities import QUANTITIES as TABLE
+from kcverify.dsl.quantities import Form
 
-QUANTITIES = ("logit_linf", "logit_l2", "logprob_abs", "ratio_dev", "tv", "kl", "top1_agree",
-              "topk_agree")
-AGGREGATES = ("max", "mean", "p50", "p95", "p99")
+QUANTITIES = tuple(TABLE)  # the quantity names, in the table's order
 _FLIP = {"<=": ">=", "<": ">", ">=": "<=", ">": "<"}
 
 
@@ -96,48 +99,56 @@ def _diff(e: Expr, a: str, b: str, x: str, t: str | None,
     return pl if pl is not None and pl == pr else None
 
 
+def _match(form: Form, body: Call, x: str, t: str | None) -> tuple[bool, int | None] | None:
+    """(per_position, k) when ``body`` is written in ``form`` (kcverify.dsl.quantities), else
+    None."""
+    f, args = body.func, body.args
+    pp: bool | None = None
+    k = form.k
+    if form.kind == "norm" and f == form.func and len(args) == 1:
+        pp = _diff(args[0], "logits_inf", "logits_train", x, t)
+    elif form.kind in ("abs_diff", "abs_log", "abs_minus_one") and f == "abs" and len(args) == 1:
+        a = args[0]
+        if form.kind == "abs_diff":
+            pp = _diff(a, f"{form.func}_inf", f"{form.func}_train", x, t)
+        elif form.kind == "abs_log":
+            if isinstance(a, Call) and a.func == "log" and len(a.args) == 1:
+                r = a.args[0]
+                if isinstance(r, Call) and r.func == form.func:
+                    pp = _vars(r.args, x, t)
+        elif isinstance(a, BinOp) and a.op == "-":
+            for r, one in ((a.left, a.right), (a.right, a.left)):
+                if (isinstance(r, Call) and r.func == form.func and isinstance(one, Num)
+                        and one.value == 1):
+                    pp = _vars(r.args, x, t)
+                    break
+    elif form.kind == "call" and f == form.func:
+        pp = _vars(args, x, t)
+    elif form.kind == "call_k" and f == form.func and args and isinstance(args[-1], Num):
+        pp = _vars(args[:-1], x, t)
+        k = int(args[-1].value)
+    elif form.kind == "pair" and f == form.func and len(args) == 2:
+        pp = _diff(BinOp("-", args[0], args[1]), "probs_train", "probs_inf", x, t,
+                   symmetric=form.symmetric)
+    if pp is None or (form.per_position and not pp):
+        return None
+    return pp, k
+
+
 def _quantity(body: Expr, x: str, t: str | None) -> tuple[str, bool, int | None] | None:
-    """(quantity, per_position, k) of a body, else None."""
+    """(quantity, per_position, k) of a body written in one of the table's forms, else None."""
     if not isinstance(body, Call):
         return None
-    f, args = body.func, body.args
-    if f in ("linf", "l2") and len(args) == 1:
-        pp = _diff(args[0], "logits_inf", "logits_train", x, t)
-        if pp is not None:
-            return ("logit_linf" if f == "linf" else "logit_l2", pp, None)
-        return None
-    if f == "abs" and len(args) == 1:
-        a = args[0]
-        pp = _diff(a, "logprob_inf", "logprob_train", x, t)
-        if pp:
-            return ("logprob_abs", True, None)
-        if isinstance(a, Call) and a.func == "log" and len(a.args) == 1:
-            r = a.args[0]
-            if isinstance(r, Call) and r.func == "ratio" and _vars(r.args, x, t):
-                return ("logprob_abs", True, None)
-        if isinstance(a, BinOp) and a.op == "-":
-            for r, one in ((a.left, a.right), (a.right, a.left)):
-                if (isinstance(r, Call) and r.func == "ratio" and _vars(r.args, x, t)
-                        and isinstance(one, Num) and one.value == 1):
-                    return ("ratio_dev", True, None)
-        return None
-    if f in ("tv", "kl"):
-        pp = _vars(args, x, t)
-        if pp is not None:
-            return (f, pp, None)
-        if len(args) == 2:
-            pp = _diff(BinOp("-", args[0], args[1]), "probs_train", "probs_inf", x, t,
-                       symmetric=f == "tv")
-            if pp is not None:
-                return (f, pp, None)
-        return None
-    if f == "top1_agree":
-        pp = _vars(args, x, t)
-        return ("top1_agree", pp, 1) if pp is not None else None
-    if f == "topk_agree" and args and isinstance(args[-1], Num):
-        pp = _vars(args[:-1], x, t)
-        return ("topk_agree", pp, int(args[-1].value)) if pp is not None else None
+    for q in TABLE.values():
+        for form in q.forms:
+            m = _match(form, body, x, t)
+            if m is not None:
+                return q.name, m[0], m[1]
     return None
+
+
+def _agreement(name: str) -> bool:
+    return not TABLE[name].upper
 
 
 def _compare(e: Expr) -> tuple[Expr, str, float] | None:
@@ -162,14 +173,14 @@ def _query(e: Expr, temperature: float) -> NumericalQuery | None:
         if isinstance(body, Quantifier) and body.kind == "forall" and body.binder.slice is None:
             t, body = body.binder.var, body.body
         q = _quantity(body, x, t)
-        if q is not None and q[0] in ("top1_agree", "topk_agree"):
-            return NumericalQuery(sl, q[0], "max", ">=", 1.0, temperature, q[1], q[2])
+        if q is not None and _agreement(q[0]):  # holds at every element: its minimum is 1
+            return NumericalQuery(sl, q[0], "min", ">=", 1.0, temperature, q[1], q[2])
         cmp = _compare(body)
         if cmp is None:
             return None
         side, op, c = cmp
         q = _quantity(side, x, t)
-        if q is None or q[0] in ("top1_agree", "topk_agree") or op not in ("<=", "<"):
+        if q is None or _agreement(q[0]) or op not in ("<=", "<"):
             return None
         return NumericalQuery(sl, q[0], "max", op, c, temperature, q[1], q[2])
     cmp = _compare(e)
@@ -188,8 +199,7 @@ def _query(e: Expr, temperature: float) -> NumericalQuery | None:
     q = _quantity(agg.body, b0.var, t)
     if q is None:
         return None
-    agreement = q[0] in ("top1_agree", "topk_agree")
-    if agreement != (op in (">=", ">")):
+    if _agreement(q[0]) != (op in (">=", ">")):
         return None
     return NumericalQuery(b0.slice or "", q[0], agg.func, op, c, temperature, q[1], q[2])
 

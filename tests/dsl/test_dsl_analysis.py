@@ -59,7 +59,11 @@ POSITIVE = [
     ("0.9 < mean(x in all: topk_agree(x, 5))",
      Q("all", "topk_agree", "mean", ">", 0.9, 0.5, False, 5)),
     ("forall x in all: forall t: top1_agree(x, t)",
-     Q("all", "top1_agree", "max", ">=", 1.0, 0.5, True, 1)),
+     Q("all", "top1_agree", "min", ">=", 1.0, 0.5, True, 1)),
+    ("min(x in s: top1_agree(x)) >= 1", Q("s", "top1_agree", "min", ">=", 1.0, 0.5, False, 1)),
+    ("max(x in all, t: top1_agree(x, t)) > 0", Q("all", "top1_agree", "max", ">", 0.0, 0.5, True, 1)),
+    ("min(x in all: linf(logits_inf(x) - logits_train(x))) <= 3",
+     Q("all", "logit_linf", "min", "<=", 3.0, 0.5, False, None)),
 ]
 
 NEGATIVE = [

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from kcverify.api import check_device, dumps
+from kcverify.distributed import executor_for
 from kcverify.planner import ProveOptions, prove
 from kcverify.planner.prove import stderr_progress
 
@@ -15,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "prove", help="decide a contract on a model and write its certificate",
         description="Decide every clause of CONTRACT on MODEL: proved / refuted (with a replayed "
                     "counterexample) / unknown formally, passed / failed empirically. Writes the "
-                    "certificate next to the model (MODEL.kcert.json) unless --embed or --no-cert. "
+                    "certificate next to the model (MODEL.kcert.json) unless --embed or --no-cert; "
+                    "a certificate of another contract there is not replaced without --force. "
                     "Exit 0 when no clause is violated, 1 when a clause is refuted or failed, "
                     "2 for bad input.")
     p.add_argument("contract", help="the contract YAML file")
@@ -26,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--embed", action="store_true",
                    help="embed the certificate in the ONNX metadata instead of a sidecar file")
     p.add_argument("--no-cert", action="store_true", help="do not write a certificate")
+    p.add_argument("--force", action="store_true",
+                   help="replace a certificate of another contract at the certificate's path "
+                        "(default: refuse before proving, exit 2)")
     p.add_argument("--domain", default="best", choices=["interval", "linear", "best"],
                    help="bound domain (default best: the tightest of those available)")
     p.add_argument("--device", default="cpu", help="torch device for bounds and kernels")
@@ -39,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "'derives = QUANTITY' lets prove certify that quantity); repeatable")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="bound the slices in parallel on a local Ray with N workers "
+                        "(kcverify[ray]); the certificate is the serial run's, byte for byte")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="bound the slices on an existing Ray cluster (ray://host:10001, auto)")
     p.set_defaults(func=run)
 
 
@@ -52,15 +62,16 @@ def run(args: argparse.Namespace) -> int:
     options = ProveOptions(domain=args.domain, device=check_device(args.device),
                            realizations=args.realizations, confidence=args.confidence,
                            cert_path=args.cert, embed=args.embed,
-                           write_certificate=not args.no_cert,
+                           write_certificate=not args.no_cert, force=args.force,
                            progress=None if args.quiet else stderr_progress)
-    result = prove(args.contract, args.model, options)
+    with executor_for(args.workers, args.ray_address, options.device) as options.executor:
+        result = prove(args.contract, args.model, options)
     if args.json:
         print(dumps(report_json(result.report)))
     else:
         print(render_table(result.report))
         if result.cert_path is not None:
-            print(f"certificate: {result.cert_path}")
+            print(f"certificate: {result.cert_path} ({result.report.summary()})")
     if args.report is not None:
         write_report_json(result.report, args.report)
         if not args.json:

@@ -34,10 +34,6 @@ from kcverify.report.model import BlockDrift, ClauseResult, Report, Verdict
 
 CERT_VERDICT = {Verdict.PROVED: "proved", Verdict.REFUTED: "refuted", Verdict.UNKNOWN: "unknown",
                 Verdict.PASSED: "passed", Verdict.FAILED: "failed"}
-# quantity of a NumericalQuery -> the chain rule that bounds it from the L-inf logit drift
-CHAIN_RULE = {"logit_linf": None, "logprob_abs": "logprob-from-linf",
-              "ratio_dev": "ratio-from-linf", "tv": "tv-from-linf", "kl": "kl-from-linf"}
-AGREEMENT = ("top1_agree",)
 
 
 @dataclass
@@ -53,7 +49,11 @@ class ProveOptions:
     cert_path: Path | None = None  # default MODEL.kcert.json
     embed: bool = False
     write_certificate: bool = True
+    force: bool = False  # replace a certificate of another contract (else refuse, exit 2)
     progress: Callable[[str], None] | None = None
+    # maps the slices' bound runs as independent work items (kcverify.distributed: Ray);
+    # None: one at a time, here, when a clause first needs them
+    executor: Any = None
 
 
 @dataclass
@@ -111,24 +111,50 @@ class Session:
 
     def drift(self, name: str) -> Any:
         """The bound engine's result on slice ``name`` (one certify_drift run per slice)."""
-        from kcverify.bounds import Region, certify_drift
+        from kcverify.bounds import certify_drift
 
         if name not in self._drift:
-            sl = self.contract.slices[name]
-            region = None
-            if sl.region is not None:
-                region = Region(space=sl.region.space, norm=sl.region.norm, eps=sl.region.eps)
             t0 = time.perf_counter()
 
             def progress(k: int, n: int, block: str) -> None:
                 self.say(f"bounding slice {name!r}: block {k + 1}/{n} ({block})")
 
-            self._drift[name] = certify_drift(
-                self.graph, self.train, self.inf, self.feeds(name), region=region,
-                domain=self.options.domain, device=self.options.device, progress=progress)
+            self._drift[name] = certify_drift(self.graph, self.train, self.inf,
+                                              **self.drift_item(name), progress=progress)
             self.say(f"bounded slice {name!r} in {time.perf_counter() - t0:.1f}s: "
                      f"certified max drift {float(np.max(self._drift[name].linf)):.4g}")
         return self._drift[name]
+
+    def drift_item(self, name: str) -> dict[str, Any]:
+        """The bound engine's work on slice ``name``: certify_drift's arguments besides the
+        graph and the kernels."""
+        from kcverify.bounds import Region
+
+        sl = self.contract.slices[name]
+        region = None
+        if sl.region is not None:
+            region = Region(space=sl.region.space, norm=sl.region.norm, eps=sl.region.eps)
+        return dict(feeds=self.feeds(name), region=region, domain=self.options.domain,
+                    device=self.options.device)
+
+    def prefetch_drifts(self, executor: Any) -> None:
+        """Bound every slice a certifiable clause queries (the runs drift() makes when a clause
+        first needs them) as independent work items: ``executor.map_drift`` returns them in
+        slice order (kcverify.distributed)."""
+        names = list(dict.fromkeys(q.slice for c in self.contract.clauses
+                                   if c.klass == "certifiable"
+                                   for q in numerical_queries(c) or []
+                                   if q.slice in self.contract.slices))
+        names = [n for n in names if n not in self._drift]
+        self.say(f"bounding {len(names)} slice(s) on {executor.workers} worker(s)")
+
+        def done(i: int, res: Any) -> None:
+            self.say(f"bounded slice {names[i]!r}: certified max drift "
+                     f"{float(np.max(res.linf)):.4g}")
+
+        results = executor.map_drift(self.graph, self.model_path, self.train, self.inf,
+                                     [self.drift_item(n) for n in names], done)
+        self._drift.update(zip(names, results, strict=True))
 
     def block_drifts(self, name: str) -> list[BlockDrift]:
         """Certified against observed drift per block on slice ``name`` (the report's plot)."""
@@ -178,29 +204,111 @@ def _input_box(x: np.ndarray, sl: Any) -> Any:
     return DiffBox(lo, hi, lo.copy(), hi.copy(), zero, zero.copy())
 
 
-def _plugin_rule(quantity: str) -> str | None:
-    """A registered composition rule that declares ``derives = quantity`` (docs/rules.md): the
-    planner applies it to [linf_drift, state]. Built-in chain rules take precedence."""
-    from kcverify.certs.rules import RULES
+@dataclass
+class PlanContext:
+    """What a rule's ``plan(ctx)`` sees when it builds its own premises (docs/rules.md): the
+    certificate ``builder``, the ``query``, the slice's chain (``chain``: the state of the logits;
+    ``refs``: its block certificates, in order) and ``linf`` (the L-inf drift of the logits, with
+    ``keep``). ``prefix(k)`` and ``certify(k, in_state)`` build further nodes."""
 
-    if quantity in CHAIN_RULE or quantity in AGREEMENT:
-        return None
+    session: Session
+    builder: Any
+    query: NumericalQuery
+    refs: list[str]
+    chain: dict[str, Any]
+    linf: dict[str, Any]
+    keep: int
+
+    @property
+    def records(self) -> list[Any]:
+        """The bound engine's block records on the query's slice (BlockRecord), in chain order."""
+        return list(self.session.drift(self.query.slice).blocks)
+
+    @property
+    def blocks(self) -> list[Any]:
+        """The blocks of the chain (the model's segmentation; the whole graph for the linear
+        domain), as certify_drift bounds them."""
+        from kcverify.bounds.engine import blocks_of, whole_graph
+
+        g = self.session.graph
+        return list(whole_graph(g) if self.session.options.domain == "linear" else blocks_of(g))
+
+    def prefix(self, k: int) -> dict[str, Any]:
+        """A sequential node over the first ``k`` blocks of the chain, from the slice's inputs:
+        the state of every tensor they produce (outputs: the k-th block's outputs)."""
+        sl = self.query.slice
+        inputs = {n: _input_box(np.asarray(v, dtype=np.float64), self.session.contract.slices[sl])
+                  for n, v in self.session.feeds(sl).items()}
+        outs = sorted(self.records[k - 1].out_state)
+        return self.builder.sequential(self.refs[:k], inputs=inputs, outputs=outs, slice=sl)
+
+    def certify(self, k: int, in_state: dict[str, Any]) -> dict[str, Any]:
+        """A block leaf: block ``k`` of the chain bounded by the engine from ``in_state`` (a
+        DiffBox per input tensor), with the session's domain; the checker re-runs it."""
+        from kcverify.bounds import bound_block
+        from kcverify.bounds.engine import BlockRecord
+
+        s = self.session
+        block, domain = self.blocks[k], s.options.domain
+        out = bound_block(block, s.train, s.inf, in_state, domain=domain, device=s.options.device)
+        method = domain if domain in ("separate", "linear", "best", "zonotope") else "interval"
+        rec = BlockRecord(block.name, block.digest, method, dict(in_state), out)
+        n = sum(1 for r in self.builder.blocks if r.startswith(f"{self.query.slice}/plan"))
+        ref = self.builder.add_block(rec, ref=f"{self.query.slice}/plan{n}:{block.name}")
+        return self.builder.block(ref)
+
+
+def derivations(quantity: str) -> list[tuple[str, str]]:
+    """(rule, premises) of every rule that derives ``quantity``: the quantity table's built-ins
+    (kcverify.dsl.quantities), then every registered rule declaring ``derives = quantity``
+    (docs/rules.md), which takes ``premises`` (a class attribute; default ``linf+state``)."""
+    from kcverify.certs.rules import RULES
+    from kcverify.dsl.quantities import get_quantity
+
+    out = [(d.rule, d.premises) for d in get_quantity(quantity).derivations]
     for name, rule in sorted(RULES.items()):
-        if getattr(rule, "derives", None) == quantity:
-            return name
-    return None
+        if getattr(rule, "derives", None) == quantity and name not in (r for r, _ in out):
+            out.append((name, getattr(rule, "premises", "linf+state")))
+    return out
+
+
+def _derive(b: Any, rule: str, premises: str, q: NumericalQuery, chain: dict[str, Any],
+            linf: dict[str, Any], tensor: str, keep: int, plan: Any) -> dict[str, Any]:
+    """Apply ``rule`` to the premises it takes (RuleError when outside its preconditions)."""
+    from kcverify.certs.rules import RULES, RuleError
+    from kcverify.dsl.quantities import PREMISES, get_quantity
+
+    rule_obj = RULES[rule]
+    if hasattr(rule_obj, "plan"):  # a rule that builds its own premises (docs/rules.md)
+        nodes = rule_obj.plan(plan)
+        if nodes is None:
+            raise RuleError(f"{rule}: does not apply to this model")
+        return b.apply(rule, nodes, **getattr(rule_obj, "plan_params", lambda _p: {})(plan))
+    if premises not in PREMISES:
+        raise RuleError(f"{rule}: premises {premises!r} is not one of {', '.join(PREMISES)}")
+    if premises == "state":
+        return b.apply(rule, [chain], tensor=tensor, keep=keep)
+    params: dict[str, Any] = {}
+    if get_quantity(q.quantity).temperature:
+        params["temperature"] = float(q.temperature)
+    return b.apply(rule, [linf] if premises == "linf" else [linf, chain], **params)
 
 
 def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
                ) -> tuple[dict[str, Any] | None, float | None, str]:
     """(proof, bound, note): a proof tree when the certified bound meets the threshold; else the
-    bound reached (None when the quantity has no chain rule yet) and why it is not a proof."""
+    bound reached (None when no rule derives the quantity) and why it is not a proof.
+
+    Every rule that derives the query's quantity is tried (the built-ins of the quantity table
+    and each registered rule declaring it in ``derives``); the tightest bound is kept."""
     from kcverify.certs.encoding import unfx
     from kcverify.certs.rules import RuleError
+    from kcverify.dsl.quantities import get_quantity, proof_statistic, query_text
 
-    plugin = _plugin_rule(q.quantity)
-    if q.quantity not in CHAIN_RULE and q.quantity not in AGREEMENT and plugin is None:
-        return None, None, f"no certified rule for {q.quantity} (load one with --rules)"
+    entry = get_quantity(q.quantity)
+    rules = derivations(q.quantity)
+    if not rules:
+        return None, None, f"'{query_text(q)}': no rule derives {q.quantity} (load one with --rules)"
     region = s.contract.slices[q.slice].region
     if region is not None and region.space != "input" and region.eps > 0:
         # sound bounds, but the checker cannot re-check a region entering inside a block yet:
@@ -213,29 +321,38 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
                   for k, v in s.feeds(q.slice).items()}
         chain = b.sequential(refs, inputs=inputs, outputs=[s.output], slice=q.slice)
         s.block_refs[q.slice] = (refs, chain)
-    chain = s.block_refs[q.slice][1]
+    refs, chain = s.block_refs[q.slice]
     keep = 2 if q.per_position else 1
     linf = b.apply("linf-from-state", [chain], tensor=s.output, keep=keep)
-    if q.quantity in AGREEMENT:
-        node = b.apply("top1-from-state", [chain], tensor=s.output, keep=keep)
-        # lower bounds per element: their mean bounds the mean; forall and quantiles by the min
-        stat = "mean" if q.aggregate == "mean" else "min"
-    elif plugin is not None:
-        node = b.apply(plugin, [linf, chain])
-        stat = q.aggregate
-    else:
-        rule = CHAIN_RULE[q.quantity]
-        node = linf if rule is None else b.apply(rule, [linf], temperature=float(q.temperature))
-        # next-token quantities range over positions 0..seq-2, the bounds over every position:
-        # only the max of the bounds is sure to bound their mean or quantiles
-        next_token = q.quantity in ("logprob_abs", "ratio_dev")
-        stat = "max" if (next_token and q.per_position) else q.aggregate
-    agg = b.apply("aggregate", [node], stat=stat)
-    bound = unfx(agg["conclusion"]["bounds"][0])
+    plan = PlanContext(s, b, q, refs, chain, linf, keep)
+    stat = proof_statistic(q, keep)
+    tried: list[tuple[float, str, dict[str, Any]]] = []
+    skipped: list[str] = []
+    for rule, premises in rules:
+        try:
+            node = linf if rule == "linf-from-state" else _derive(
+                b, rule, premises, q, chain, linf, s.output, keep, plan)
+            got = node["conclusion"].get("quantity")
+            if got != entry.conclusion or node["conclusion"].get("direction") != entry.direction:
+                raise RuleError(f"{rule} derives {q.quantity} but concludes {got!r} "
+                                f"({node['conclusion'].get('direction')}); the quantity table "
+                                f"expects {entry.conclusion!r} ({entry.direction})")
+            agg = b.apply("aggregate", [node], stat=stat)
+        except RuleError as e:
+            skipped.append(f"{rule}: {e}")
+            continue
+        tried.append((unfx(agg["conclusion"]["bounds"][0]), rule, agg))
+    if not tried:
+        return None, None, f"'{query_text(q)}': no rule applies ({'; '.join(skipped)})"
+    pick = min if entry.upper else max
+    bound, rule, agg = pick(tried, key=lambda t: t[0])
+    how = ", ".join(f"{r} {v:.6g}" for v, r, _ in tried) + f"; kept {rule}" if len(tried) > 1 \
+        else rule
+    s.say(f"{clause.id}: '{query_text(q)}': certified bound {bound:.6g} ({how})")
     try:
         proof = b.apply("threshold", [agg], threshold=float(q.threshold), op=q.op)
     except RuleError:
-        note = f"certified bound {bound:.6g} does not meet {q.op} {q.threshold:g}"
+        note = f"'{query_text(q)}': certified bound {bound:.6g} ({rule}) misses it"
         smt = _try_smt(s, b, q)
         if smt is not None:
             return smt, unfx(smt["conclusion"]["bound"][0]), ""
@@ -316,7 +433,7 @@ def _certifiable(s: Session, b: Any, clause: Clause) -> _Decision:
     if clause.budget is not None and clause.metric is not None:
         # a soft clause allows violations up to its budget: a violating program does not refute
         # it; the exceedance rate decides, with confidence
-        return _empirical(s, clause, note=f"formal: {note}")
+        return _empirical(s, clause, note=f"formal: {note}", certified=bound)
     s.say(f"{clause.id}: {note}; searching conforming programs for a violation")
     found = s.empirical.check_numerical(clause, queries)
     if Verdict(found.verdict) is Verdict.REFUTED:
@@ -340,8 +457,10 @@ def _certifiable(s: Session, b: Any, clause: Clause) -> _Decision:
                              evidence=evidence))
 
 
-def _empirical(s: Session, clause: Clause, note: str = "") -> _Decision:
-    """A clause with a metric, decided on its slices by kcverify.empirical (with confidence)."""
+def _empirical(s: Session, clause: Clause, note: str = "",
+               certified: float | None = None) -> _Decision:
+    """A clause with a metric, decided on its slices by kcverify.empirical (with confidence).
+    ``certified``: the certified bound on its quantity, when the planner tried to prove it."""
     if clause.metric is None:
         r = ClauseResult(id=clause.id, family=clause.family, verdict=Verdict.UNKNOWN, method="none",
                          level=clause.level, action=clause.action,
@@ -351,10 +470,13 @@ def _empirical(s: Session, clause: Clause, note: str = "") -> _Decision:
         s.slice(name)
     s.say(f"{clause.id}: measuring {clause.metric} on {', '.join(clause.slices) or 'all'}")
     r = s.empirical.decide(clause)
+    # kcverify.empirical reports the violation rate's upper confidence bound as ``bound``; the
+    # report keeps ``bound`` for certified bounds on the quantity (report.model.ClauseResult)
+    r.rate_upper, r.bound = r.bound, certified
     if note:
         r.note = f"{note}; {r.note}" if r.note else note
     evidence = {"value": r.value, "n": r.sample_size, "violations": r.violations,
-                "confidence": r.confidence, "budget": r.budget, "rate_upper": r.bound,
+                "confidence": r.confidence, "budget": r.budget, "rate_upper": r.rate_upper,
                 "slices": {sr.slice: {"n": sr.n, "violations": sr.violations, "rate": sr.rate,
                                       "upper": sr.upper} for sr in r.slices}}
     if clause.budget is None and r.value is not None and Verdict(r.verdict) is Verdict.PASSED:
@@ -392,7 +514,11 @@ def prove(contract_path: str | os.PathLike[str], model_path: str | os.PathLike[s
         if have != contract.model.sha256:
             raise KcverifyError(f"{model}: sha256 {have} does not match the contract's "
                                 f"model.sha256 {contract.model.sha256}")
+    if options.write_certificate:
+        _refuse_overwrite(contract, model, options)
     s = Session(contract, model, options)
+    if options.executor is not None:
+        s.prefetch_drifts(options.executor)
     digest_kind = "onnx-canonical-v1" if options.embed else "file-sha256"
     b = CertificateBuilder(model, contract.path, contract.kernels,
                            {"name": contract.name, "version": contract.version},
@@ -406,8 +532,10 @@ def prove(contract_path: str | os.PathLike[str], model_path: str | os.PathLike[s
             d = _static(s, clause)
         else:
             d = _empirical(s, clause)
+        d.result.klass = clause.klass
         results.append(d.result)
         cert = dict(d.cert)
+        cert.setdefault("decided_by", d.result.decided_by)
         verdict = cert.pop("verdict")
         b.add_clause(clause.id, clause.family, verdict, klass=clause.klass, hard=clause.hard,
                      **{"threshold": clause.threshold, **cert})
@@ -427,9 +555,60 @@ def prove(contract_path: str | os.PathLike[str], model_path: str | os.PathLike[s
             embed(model, statement)
             cert_path = model
         else:
-            cert_path = options.cert_path or model.with_name(model.name + ".kcert.json")
+            cert_path = _cert_path(model, options)
             write_certificate(cert_path, statement)
     return ProveResult(report, statement, cert_path)
+
+
+def _cert_path(model: Path, options: ProveOptions) -> Path:
+    from kcverify.certs.attach import sidecar_path
+
+    return Path(options.cert_path) if options.cert_path is not None else sidecar_path(model)
+
+
+def _refuse_overwrite(contract: Contract, model: Path, options: ProveOptions) -> None:
+    """Before any work: refuse to replace a certificate of *another* contract (the sidecar, the
+    --cert file, or the one embedded in the model) unless ``options.force``. A certificate of
+    the same contract (a re-run) is replaced; so is anything with --force."""
+    import json
+    import re
+
+    if options.force:
+        return
+    if options.embed:
+        from kcverify.certs.attach import embedded_certificate
+
+        try:
+            stmt = embedded_certificate(model)
+        except KcverifyError as e:
+            raise InputFileError(f"{model}: cannot read the certificate embedded in it ({e}); "
+                                 "pass --force to replace it") from None
+        where = f"{model} (embedded)"
+    else:
+        path = _cert_path(model, options)
+        if not path.exists():
+            return
+        where = str(path)
+        try:
+            stmt = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise InputFileError(f"{path}: exists and is not a kcverify certificate ({e}); "
+                                 "pass --force to overwrite it or --cert PATH to write elsewhere"
+                                 ) from None
+    if stmt is None:
+        return
+    try:
+        other = stmt["predicate"]["contract"]["name"]
+    except (KeyError, TypeError):
+        raise InputFileError(f"{where}: exists and is not a kcverify certificate; pass --force to "
+                             "overwrite it or --cert PATH to write elsewhere") from None
+    if other == contract.name:
+        return
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", contract.name) or "contract"
+    keep = model.with_name(f"{model.name}.{safe}.kcert.json")
+    raise InputFileError(f"{where} holds the certificate of contract {other!r}; proving "
+                         f"{contract.name!r} would replace it. Pass --cert {keep} to keep both, "
+                         "or --force to replace it")
 
 
 def _uses(node: Any, rule: str) -> bool:

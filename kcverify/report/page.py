@@ -26,6 +26,10 @@ h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 28px 0 10
 .card .k { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
 .card .v { font-size: 22px; font-weight: 600; margin-top: 2px; }
 .card.bad .v { color: var(--fail); } .card.good .v { color: var(--pass); }
+.card.warn .v { color: var(--unk); }
+.by { display: inline-block; margin-left: 4px; padding: 0 6px; border-radius: 10px;
+  font-size: 11px; border: 1px solid var(--line); color: var(--muted); white-space: nowrap; }
+.by.evidence, .by.undecided { border-color: var(--unk); color: var(--unk); }
 table { border-collapse: collapse; width: 100%; background: var(--card);
   border: 1px solid var(--line); border-radius: 8px; overflow: hidden; }
 th, td { padding: 7px 10px; text-align: left; border-bottom: 1px solid var(--line);
@@ -60,6 +64,8 @@ details summary { cursor: pointer; color: var(--cert); font-size: 12px; }
 details pre { font-size: 11px; background: #f3f5f9; padding: 6px; border-radius: 4px;
   max-width: 420px; overflow-x: auto; }
 footer { margin-top: 28px; color: var(--muted); font-size: 12px; }
+.caveat { margin: 14px 0 0; padding: 8px 12px; border-left: 3px solid var(--unk);
+  background: #fff8ea; max-width: 900px; }
 """
 
 
@@ -77,16 +83,27 @@ def _evidence(c: ClauseResult) -> str:
     return f'<details><summary>{escape(what)}</summary><pre>{escape(body)}</pre></details>'
 
 
+BY_WORDS = {"proof": "by proof", "counterexample": "by counterexample", "evidence": "on evidence",
+            "static": "static check", "undecided": "undecided"}
+
+
+def _by(c: ClauseResult) -> str:
+    by = c.decided_by or "undecided"
+    return f'<span class="by {escape(by)}" data-by="{escape(by)}">{escape(BY_WORDS[by])}</span>'
+
+
 def _clause_rows(c: ClauseResult) -> str:
     act = (f'<span class="act-on">{escape(c.action_taken)}</span>' if c.violated else
            f'<span class="act-off">{escape(c.action or "-")}</span>')
     cond = "-" if c.threshold is None else f"{escape(c.direction)} {fmt(c.threshold)}"
     conf = "-" if c.confidence is None else f"{c.confidence:.0%}"
     what = escape(c.metric or c.method)
-    rows = [f'<tr class="clause" data-id="{escape(c.id)}"><td><b>{escape(c.id)}</b><br>'
+    rows = [f'<tr class="clause" data-id="{escape(c.id)}" data-by="{escape(c.decided_by or "")}">'
+            f'<td><b>{escape(c.id)}</b><br>'
             f'<span class="note">{escape(c.family)} · {what}</span></td>'
-            f'<td>{_badge(c.verdict)}</td><td class="num">{fmt(c.value)}</td><td class="num">{cond}</td>'
-            f'<td class="num">{fmt(c.bound)}</td><td>{escape(c.method)}</td>'
+            f'<td>{_badge(c.verdict)}{_by(c)}</td><td class="num">{fmt(c.value)}</td>'
+            f'<td class="num">{cond}</td><td class="num">{fmt(c.bound)}</td>'
+            f'<td class="num">{fmt(c.rate_upper, 3)}</td><td>{escape(c.method)}</td>'
             f'<td>{escape(c.slice or "-")}</td>'
             f'<td class="num">{"-" if c.sample_size is None else c.sample_size}</td>'
             f'<td class="num">{conf}</td><td>{escape(c.level or "-")}</td><td>{act}</td>'
@@ -96,7 +113,7 @@ def _clause_rows(c: ClauseResult) -> str:
         rows.append(f'<tr class="slice"><td>└ {escape(s.slice)}</td><td>{_badge(s.verdict)}</td>'
                     f'<td class="num">{fmt(s.value)}{counted}</td>'
                     f'<td class="num">{"-" if s.budget is None else "budget " + fmt(s.budget)}</td>'
-                    f'<td class="num">{"-" if s.upper is None else "rate ≤ " + fmt(s.upper, 3)}</td>'
+                    f'<td></td><td class="num">{"-" if s.upper is None else fmt(s.upper, 3)}</td>'
                     f'<td></td><td>{escape(s.slice)}</td><td class="num">{s.n}</td><td></td><td></td>'
                     f'<td></td><td class="note">{escape(s.note)}</td></tr>')
     return "\n".join(rows)
@@ -126,22 +143,29 @@ def _drift_charts(report: Report) -> str:
 
 def render_html(report: Report, title: str | None = None) -> str:
     """The whole page as one string."""
-    counts = report.counts()
-    held = counts["proved"] + counts["passed"]
-    bad = counts["refuted"] + counts["failed"]
     health = "-" if report.health is None else f"{report.health:.3f}"
     title = title or f"kcverify report: {report.contract}"
+    verdict, tone = report.headline()
     cards = [
-        ("verdict", "holds" if report.ok else "violated", "good" if report.ok else "bad"),
+        ("verdict", verdict, tone),
         ("health H", health, "good" if (report.health or 0) >= 0.999 else "bad" if report.ok is False else ""),
         ("action", report.action, "bad" if report.action != "none" else "good"),
-        ("clauses", f"{held} ✓ · {bad} ✗ · {counts['unknown']} ?", ""),
+        ("clauses", report.summary(), tone),
     ]
     card_html = "".join(f'<div class="card {cls}" data-k="{escape(k)}"><div class="k">{escape(k)}</div>'
                         f'<div class="v">{escape(v)}</div></div>' for k, v, cls in cards)
-    head = ("<tr><th>clause</th><th>verdict</th><th>value</th><th>condition</th><th>bound</th>"
+    head = ("<tr><th>clause</th><th>verdict</th><th>value</th><th>condition</th>"
+            '<th title="certified bound on the clause\'s quantity">certified bound</th>'
+            '<th title="upper confidence bound on the violation rate">rate ≤</th>'
             "<th>method</th><th>slice</th><th>n</th><th>conf.</th><th>level</th><th>action</th>"
             "<th>evidence</th></tr>")
+    open_ = [c for c in report.clauses if c.on_evidence]
+    caveat = ""
+    if open_:
+        ids = ", ".join(f"{c.id} ({BY_WORDS[c.decided_by or 'undecided']})" for c in open_)
+        caveat = (f'<p class="caveat" data-k="not-proved">Certifiable but not proved: '
+                  f"{escape(ids)}. Their certified bounds miss the threshold; their verdicts rest "
+                  "on the evidence shown (sampled programs or measurements), not on a proof.</p>")
     rows = "\n".join(_clause_rows(c) for c in report.clauses)
     policy = ", ".join(f"{k}: {v}" for k, v in sorted(report.escalation.items())) or "-"
     return f"""<!DOCTYPE html>
@@ -154,6 +178,7 @@ def render_html(report: Report, title: str | None = None) -> str:
 <div class="sub">contract <code>{escape(report.contract)}</code> · model <code>{escape(report.model)}</code>
  · escalation {escape(policy)}</div>
 <div class="cards">{card_html}</div>
+{caveat}
 <h2>Clauses</h2>
 <table class="clauses"><thead>{head}</thead><tbody>
 {rows}
@@ -165,8 +190,9 @@ def render_html(report: Report, title: str | None = None) -> str:
 {exceedance_chart(report.clauses)}</section>
 </div>
 <footer>kcverify {escape(__version__)} · action in red: triggered by a violated clause; grey:
-prescribed by the clause's level, not triggered. Soft clauses: one-sided Clopper-Pearson bounds on
-the violation rate; a bar's whisker is its upper bound, the dashed line its budget.</footer>
+prescribed by the clause's level, not triggered. Certified bound: the bound the certificate
+proves on the clause's quantity (∞: vacuous). Rate ≤: one-sided Clopper-Pearson bound on a soft
+clause's violation rate; a bar's whisker is its upper bound, the dashed line its budget.</footer>
 </body></html>
 """
 

@@ -1,12 +1,19 @@
-"""The terminal table: one aligned row per clause, then per-slice rows, then a summary line."""
+"""The terminal table: one aligned row per clause, then per-slice rows, then a summary line.
+
+Columns: VERDICT and what decided it (BY: proof, cex for a replayed counterexample, evidence,
+static, -); CERTIFIED is the certified bound on the clause's quantity (its units, like VALUE and
+COND), RATE<= the upper confidence bound on a soft clause's violation rate (at CONF).
+"""
 
 from __future__ import annotations
 
 from kcverify.report.model import ClauseResult, Report, Verdict
 from kcverify.report.svg import fmt
 
-COLUMNS = ("CLAUSE", "FAMILY", "VERDICT", "VALUE", "COND", "BOUND", "SLICE", "N", "CONF",
-           "LEVEL", "ACTION")
+COLUMNS = ("CLAUSE", "FAMILY", "VERDICT", "BY", "VALUE", "COND", "CERTIFIED", "RATE<=", "SLICE",
+           "N", "CONF", "LEVEL", "ACTION")
+BY = {"proof": "proof", "counterexample": "cex", "evidence": "evidence", "static": "static",
+      "undecided": "-"}
 
 
 def _cond(c: ClauseResult) -> str:
@@ -15,18 +22,19 @@ def _cond(c: ClauseResult) -> str:
 
 def _row(c: ClauseResult) -> list[str]:
     action = c.action_taken if c.violated else (f"({c.action})" if c.action else "-")
-    return [c.id, c.family, Verdict(c.verdict).value, fmt(c.value), _cond(c), fmt(c.bound),
-            c.slice or "-", "-" if c.sample_size is None else str(c.sample_size),
+    return [c.id, c.family, Verdict(c.verdict).value, BY.get(c.decided_by or "", "-"),
+            fmt(c.value), _cond(c), fmt(c.bound), fmt(c.rate_upper, 3), c.slice or "-",
+            "-" if c.sample_size is None else str(c.sample_size),
             "-" if c.confidence is None else f"{c.confidence:.0%}", c.level or "-", action]
 
 
 def _slice_rows(c: ClauseResult) -> list[list[str]]:
     rows = []
     for s in c.slices:
-        bound = "-" if s.upper is None else f"rate<={fmt(s.upper, 3)}"
+        rate = "-" if s.upper is None else fmt(s.upper, 3)
         value = fmt(s.value) if s.rate is None else f"{fmt(s.value)} ({s.violations}/{s.n})"
         budget = "-" if s.budget is None else f"budget {fmt(s.budget)}"
-        rows.append(["  └ " + s.slice, "", Verdict(s.verdict).value, value, budget, bound,
+        rows.append(["  └ " + s.slice, "", Verdict(s.verdict).value, "", value, budget, "", rate,
                      "", str(s.n), "", "", ""])
     return rows if len(rows) > 1 or any(s.rate is not None for s in c.slices) else []
 
@@ -41,9 +49,12 @@ def render_table(report: Report, slices: bool = True) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
     health = "-" if report.health is None else f"{report.health:.3f}"
     lines.append("")
-    lines.append(f"{len(report.clauses)} clauses: {counts or 'none'}; health H = {health}; "
-                 f"recommended action: {report.action}")
+    lines.append(f"{len(report.clauses)} clauses: {report.summary()}; verdict: "
+                 f"{report.headline()[0]}; health H = {health}; recommended action: "
+                 f"{report.action}")
+    open_ = [f"{c.id} ({c.decided_by})" for c in report.clauses if c.on_evidence]
+    if open_:
+        lines.append(f"certifiable, not proved: {', '.join(open_)}")
     return "\n".join(lines)

@@ -27,14 +27,16 @@ from sample import sample_report  # noqa: E402
 
 CLAUSE_KEYS = {"id", "family", "verdict", "method", "bound", "threshold", "slice", "sample_size",
                "confidence", "level", "action", "action_taken", "value", "budget", "violations",
-               "slices", "blocks", "metric", "direction", "note", "evidence"}
+               "slices", "blocks", "metric", "direction", "note", "evidence", "rate_upper", "klass",
+               "decided_by"}
 
 
 def test_json_report(tmp_path: Path) -> None:
     path = write_report_json(sample_report(), tmp_path / "out" / "report.json")
     body = json.loads(path.read_text())
     assert body["format"] == "kcverify-report" and body["format_version"] == 1
-    assert set(body) >= {"clauses", "health", "action", "ok", "counts", "blocks", "tool"}
+    assert set(body) >= {"clauses", "health", "action", "ok", "counts", "blocks", "tool", "summary",
+                         "verdict", "tally"}
     assert body["action"] == "fallback" and body["ok"] is False
     assert 0 <= body["health"] <= 1
     by_id = {c["id"]: c for c in body["clauses"]}
@@ -61,17 +63,18 @@ def test_table_is_aligned() -> None:
     lines = text.splitlines()
     header, rule = lines[0], lines[1]
     starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
-    assert header.split() == ["CLAUSE", "FAMILY", "VERDICT", "VALUE", "COND", "BOUND", "SLICE",
-                              "N", "CONF", "LEVEL", "ACTION"]
+    assert header.split() == ["CLAUSE", "FAMILY", "VERDICT", "BY", "VALUE", "COND", "CERTIFIED",
+                              "RATE<=", "SLICE", "N", "CONF", "LEVEL", "ACTION"]
     verdict_col = starts[2]
     rows = [ln for ln in lines[2:] if ln and not ln.startswith(("  └",)) and "clauses:" not in ln]
     assert len(rows) == 6
     for ln in rows:
         assert ln[verdict_col - 2:verdict_col] == "  " and ln[verdict_col] != " "
     assert set(rule.replace(" ", "")) == {"-"}
-    assert "S-FP8-1     statistical  failed" in text
+    assert "S-FP8-1     statistical  failed   evidence" in text
     assert "0.031 (60/400)" in text and "(guard)" in text  # prescribed, not triggered on N-FP8-1
-    assert lines[-1].startswith("6 clauses: 1 proved, 1 refuted, 1 unknown") and "fallback" in lines[-1]
+    assert lines[-1].startswith("6 clauses: 1 proved · 2 on evidence · 1 undecided · 2 failed; "
+                                "verdict: violated") and "fallback" in lines[-1]
 
 
 class _Collect(HTMLParser):
@@ -135,7 +138,7 @@ def test_html_page_structure_and_plots() -> None:
     assert "Certified vs observed drift per block" in svg_text and "20.2×" in svg_text
     assert "Exceedance per slice" in svg_text
     text = " ".join(p.text)
-    for needle in ("S-FP8-1", "failed", "0.031 (60/400)", "rate ≤ 0.18", "95%", "0.771"):
+    for needle in ("S-FP8-1", "failed", "0.031 (60/400)", "0.18", "95%", "0.771", "on evidence"):
         assert needle in text
     rows = [a for t, a in p.tags if t == "tr" and a.get("class") == "clause"]
     assert [a["data-id"] for a in rows] == ["N-FP8-1", "N-FP8-2", "S-FP8-1", "S-FP8-2", "R-FP8-1",

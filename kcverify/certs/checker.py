@@ -59,15 +59,17 @@ class CheckReport:
     statement: dict[str, Any] | None = None
 
 
-def _component(module: str, what: str) -> Any:
-    """Import a kcverify component the checker needs; failing is a broken installation (a bug),
-    never a reason to skip a check."""
+def _component(module: str, what: str, attr: str | None = None) -> Any:
+    """Import a kcverify component the checker needs (a module, or ``attr`` of it); failing is
+    a broken installation (a bug), never a reason to skip a check."""
     import importlib
 
+    name = f"{module}.{attr}" if attr else module
     try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise InternalError(f"the checker cannot load {module} ({what}): {e}") from e
+        mod = importlib.import_module(module)
+        return getattr(mod, attr) if attr else mod
+    except (ImportError, AttributeError) as e:
+        raise InternalError(f"the checker cannot load {name} ({what}): {e}") from e
 
 
 def slice_input_region(contract: Any, model_path: str | os.PathLike[str],
@@ -81,8 +83,8 @@ def slice_input_region(contract: Any, model_path: str | os.PathLike[str],
 
     from kcverify.boxes import DiffBox
 
-    slices_mod = _component("kcverify.empirical.slices", "reading slice data")
-    ir = _component("kcverify.models.ir", "reading the model's inputs")
+    load_slice = _component("kcverify.empirical.slices", "reading slice data", "load_slice")
+    load_onnx = _component("kcverify.models.ir", "reading the model's inputs", "load_onnx")
     cache: dict[str, dict[str, Any]] = {}
 
     def region(name: str) -> Mapping[str, Any]:
@@ -92,8 +94,8 @@ def slice_input_region(contract: Any, model_path: str | os.PathLike[str],
         if sl is None:
             raise CertificateError(f"the chain names slice {name!r}, which the contract lacks")
         try:
-            data = slices_mod.load_slice(sl, base_dir=Path(contract.path).parent)
-            feeds = data.feeds([v.name for v in ir.load_onnx(model_path).inputs])
+            data = load_slice(sl, base_dir=Path(contract.path).parent)
+            feeds = data.feeds([v.name for v in load_onnx(model_path).inputs])
         except KcverifyError as e:
             raise CertificateError(f"slice {name!r}: its inputs cannot be compared with the "
                                    f"chain's region ({e})") from None
@@ -118,17 +120,17 @@ def slice_input_region(contract: Any, model_path: str | os.PathLike[str],
 
 
 def _load_contract(contract_path: str | os.PathLike[str]) -> Any:
-    return _component("kcverify.dsl", "reading the contract").load_contract(contract_path)
+    return _component("kcverify.dsl", "reading the contract", "load_contract")(contract_path)
 
 
 def _segmentation(model_path: str | os.PathLike[str]) -> tuple[list[tuple[str, str]], set[str]]:
     """The model's block chain [(name, digest)] and its input names; KcverifyError when the IR
     cannot load the model (the caller reports it as a problem)."""
-    ir = _component("kcverify.models.ir", "reading the model")
-    blocks = _component("kcverify.models.blocks", "segmenting the model into blocks")
-    graph = ir.load_onnx(model_path)
+    load_onnx = _component("kcverify.models.ir", "reading the model", "load_onnx")
+    segment = _component("kcverify.models.blocks", "segmenting the model into blocks", "segment")
+    graph = load_onnx(model_path)
     inputs = {v.name for v in graph.inputs if v.name not in graph.initializers}
-    return [(b.name, b.digest) for b in blocks.segment(graph)], inputs
+    return [(b.name, b.digest) for b in segment(graph)], inputs
 
 
 def _why(e: Exception) -> str:
@@ -277,15 +279,20 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
         expected_chain = expected_chain if expected_chain is not None else chain
         graph_inputs = graph_inputs if graph_inputs is not None else inputs
     if recheck_block is None and kernel_specs is not None:
-        recheck = _component("kcverify.certs.recheck", "re-running block certificates")
-        recheck_block, why = recheck.default_recheck(model_path, kernel_specs)
+        default_recheck = _component("kcverify.certs.recheck", "re-running block certificates",
+                                     "default_recheck")
+        try:
+            recheck_block, why = default_recheck(model_path, kernel_specs)
+        except KcverifyError as e:  # the model cannot be read: every block check will fail
+            recheck_block, why = None, str(e)
         if why:
             notes.append(f"blocks not re-run: {why}")
     if input_region is None and hasattr(contract, "slices"):
         input_region = slice_input_region(contract, model_path, notes)
     if store_input == "default":
-        recheck = _component("kcverify.certs.recheck", "storing model inputs")
-        store_input = (recheck.default_store_input(model_path, kernel_specs)
+        default_store_input = _component("kcverify.certs.recheck", "storing model inputs",
+                                         "default_store_input")
+        store_input = (default_store_input(model_path, kernel_specs)
                        if kernel_specs is not None else None)
         if store_input is None:
             problems.append("how the kernels store the model inputs was not re-derived (the "
@@ -349,9 +356,9 @@ def _compare_contract(contract: Any, pred: Mapping[str, Any],
 def _model_outputs(model_path: str | os.PathLike[str], problems: list[str]) -> set[str] | None:
     """The tensor the DSL's logits_train / logits_inf name: the model's first float output (None,
     with a problem added, when the model cannot be read)."""
-    ir = _component("kcverify.models.ir", "reading the model's outputs")
+    load_onnx = _component("kcverify.models.ir", "reading the model's outputs", "load_onnx")
     try:
-        outs = ir.load_onnx(model_path).outputs
+        outs = load_onnx(model_path).outputs
     except InternalError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure to read the model is a problem
@@ -365,7 +372,8 @@ def _proves_queries(clause: Any, proof: Mapping[str, Any], outputs: set[str] | N
     """Problems unless every numerical query of the contract clause is established by a part of
     the proof: same quantity, slice, temperature, a statistic that bounds the query's aggregate,
     and a proved bound that meets the contract's own comparison and threshold."""
-    numerical_queries = _component("kcverify.dsl", "reading clause conditions").numerical_queries
+    numerical_queries = _component("kcverify.dsl", "matching proofs to clauses",
+                                   "numerical_queries")
     queries = numerical_queries(clause)
     if not queries:
         return []

@@ -1,0 +1,165 @@
+"""Run an ONNX model as one conforming program: onnx's reference evaluator for data movement and
+exact ops, with every op that rounds replaced by the Program's implementation (programs.py).
+Independent of kcverify's executor and realizations: onnx.reference does the graph walking.
+
+    run_program(model_proto, program, feeds) -> {output name: float64 array}
+
+Float graph inputs are stored in the compute format. A tensor is *constant* when it is an
+initializer, a Constant's output, or computed from constants only; a MatMul / Gemm reads its
+constant operands as weights, the others as activations (the spec's roles). Samples run one at a
+time (``per_sample="whole"``) unless the program says every tensor keeps the sample on axis 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from tests.soundness.adversarial.programs import Program
+
+_UNARY = {"Exp": "exp", "Log": "log", "Tanh": "tanh", "Erf": "erf", "Sigmoid": "sigmoid",
+          "Reciprocal": "reciprocal"}
+
+
+def constant_names(model: onnx.ModelProto) -> set[str]:
+    g = model.graph
+    const = {i.name for i in g.initializer}
+    inputs = {i.name for i in g.input} - const
+    for n in g.node:
+        ins = [i for i in n.input if i]
+        if n.op_type == "Constant" or (ins and all(i in const for i in ins)
+                                       and not any(i in inputs for i in ins)):
+            const.update(o for o in n.output if o)
+    return const
+
+
+def _f64(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def _op_classes(prog: Program, const: set[str]) -> list[type]:
+    def is_const(op: OpRun, k: int) -> bool:
+        names = op.onnx_node.input
+        return k < len(names) and names[k] in const
+
+    def binary(fn_name: str):
+        def _run(self, a, b, **_kw):
+            if not np.issubdtype(np.asarray(a).dtype, np.floating):
+                return (_int_binary(fn_name, a, b),)
+            return (getattr(prog, fn_name)(_f64(a), _f64(b)),)
+        return _run
+
+    def unary(name: str):
+        def _run(self, x, **_kw):
+            return (prog.unary(name, _f64(x)),)
+        return _run
+
+    def sqrt(self, x, **_kw):
+        return (prog.sqrt(_f64(x)),)
+
+    def pow_(self, x, y, **_kw):
+        y = _f64(y)
+        if np.all(y == 2):
+            return (prog.mul(_f64(x), _f64(x)),)
+        with np.errstate(all="ignore"):
+            ex = np.power(_f64(x), y)
+        return (prog.prim(ex, "pow"),)
+
+    def matmul(self, a, b, **_kw):
+        return (prog.matmul(_f64(a), _f64(b), is_const(self, 0), is_const(self, 1)),)
+
+    def gemm(self, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0, **_kw):
+        a, b = _f64(a), _f64(b)
+        a = a.T if transA else a
+        b = b.T if transB else b
+        y = prog.matmul(a, b, is_const(self, 0), is_const(self, 1))
+        if alpha != 1.0:
+            y = prog.mul(y, prog.store(alpha))
+        if c is not None and beta != 0.0:
+            cc = _f64(c) if beta == 1.0 else prog.mul(_f64(c), prog.store(beta))
+            y = prog.add(y, cc)
+        return (y,)
+
+    def softmax(self, x, axis=-1, **_kw):
+        return (prog.softmax(_f64(x), axis),)
+
+    def layernorm(self, x, scale=None, bias=None, axis=-1, epsilon=1e-5, stash_type=1, **_kw):
+        g = None if scale is None else _f64(scale)
+        b = None if bias is None else _f64(bias)
+        y = prog.layernorm(_f64(x), g, b, axis, epsilon)
+        return (y,) if len(self.onnx_node.output) == 1 else (y, None, None)
+
+    def reduce(mean: bool):
+        def _run(self, x, axes=None, keepdims=1, noop_with_empty_axes=0, **_kw):
+            ax = () if axes is None else tuple(int(a) for a in np.asarray(axes).reshape(-1))
+            if not ax and noop_with_empty_axes:
+                return (_f64(x),)
+            return (prog.reduce_sum(_f64(x), ax, bool(keepdims), mean),)
+        return _run
+
+    def gelu(self, x, approximate="none", **_kw):
+        return (prog.gelu(_f64(x), approximate),)
+
+    def where(self, c, x, y, **_kw):  # a selection: exact (float inputs as float64)
+        x, y = np.asarray(x), np.asarray(y)
+        if np.issubdtype(x.dtype, np.floating) or np.issubdtype(y.dtype, np.floating):
+            x, y = _f64(x), _f64(y)
+        return (np.where(c, x, y),)
+
+    table = {
+        "Where": where,
+        "Add": binary("add"), "Sub": binary("sub"), "Mul": binary("mul"), "Div": binary("div"),
+        "Sqrt": sqrt, "Pow": pow_, "MatMul": matmul, "Gemm": gemm, "Softmax": softmax,
+        "LayerNormalization": layernorm, "ReduceSum": reduce(False), "ReduceMean": reduce(True),
+        "Gelu": gelu,
+    }
+    for op, name in _UNARY.items():
+        table[op] = unary(name)
+    return [type(op, (OpRun,), {"op_domain": "", "_run": fn}) for op, fn in table.items()]
+
+
+def _int_binary(name: str, a, b) -> np.ndarray:
+    a, b = np.asarray(a), np.asarray(b)
+    if name == "add":
+        return a + b
+    if name == "sub":
+        return a - b
+    if name == "mul":
+        return a * b
+    return a // b if np.issubdtype(a.dtype, np.integer) else a / b
+
+
+class ProgramRunner:
+    """One model, many programs: ``runner(program, feeds)`` -> outputs (float64)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        self.const = constant_names(model)
+        self.inputs = [i.name for i in model.graph.input if i.name not in self.const]
+        self.outputs = [o.name for o in model.graph.output]
+        self._sessions: dict[int, ReferenceEvaluator] = {}
+
+    def session(self, prog: Program) -> ReferenceEvaluator:
+        return ReferenceEvaluator(self.model, new_ops=_op_classes(prog, self.const))
+
+    def __call__(self, prog: Program, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        sess = self.session(prog)
+        stored = {}
+        for k, v in feeds.items():
+            v = np.asarray(v)
+            stored[k] = prog.store(v) if np.issubdtype(v.dtype, np.floating) else v
+        if prog.per_sample == "axis0":
+            res = sess.run(None, stored)
+            return {o: _f64(r) for o, r in zip(self.outputs, res)}
+        batch = next(iter(stored.values())).shape[0]
+        outs: dict[str, list[np.ndarray]] = {o: [] for o in self.outputs}
+        for b in range(batch):
+            one = {k: v[b:b + 1] for k, v in stored.items()}
+            res = sess.run(None, one)
+            for o, r in zip(self.outputs, res):
+                outs[o].append(_f64(r))
+        return {o: np.concatenate(v, axis=0) for o, v in outs.items()}

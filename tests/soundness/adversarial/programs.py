@@ -1,0 +1,416 @@
+"""Conforming programs of a kernel spec, written from the spec's text alone (kcverify/kernels/
+spec.py's docstring, docs/bounds.md, DESIGN 1.1), not from kcverify.kernels.realize.
+
+A ``Program`` is one member of the family a ``KernelSpec`` describes; its fields are the choices
+the spec leaves open, taken adversarially:
+
+* ``order``: the accumulation order of every dot product and standalone reduction, and
+  ``row_order`` of the row sums inside Softmax and LayerNorm (arith.py lists the orders; each is a
+  permutation or a bracketing of the sum, every addition rounded to nearest in the accumulator);
+* ``rounding``: where the spec allows k ulps (``ulps``: exp, tanh, erf, rsqrt, ..., and 1 ulp for
+  + - * /), the value returned is the nearest, or the furthest up / down the k ulps allow, or
+  either at random (arith.within);
+* ``cast_rounding``: activation casts round to nearest-even, or, when the spec says
+  ``rounding: any``, to either neighbour (up / down / random);
+* ``quotient``: an activation cast rounds a / s taken exactly or first rounded to fp32;
+* ``acc``: what a MatMul accumulates: ``unscaled`` products of the cast values q_a q_b (the
+  scales applied after the sum: ``rescale`` one or two fp32 multiplications), or ``dequant``
+  products of the dequantised values (s_a q_a)(s_b q_b); per-block scales promote each block's
+  partial sum (s_a s_b, two roundings) before the blocks are summed;
+* ``sat``: an fp8 cast of a value beyond the format saturates (satfinite) or gives NaN;
+* ``sm_form`` / ``ln_form`` / ``gelu_form``: the decomposition (two-pass with the row sums in the
+  compute format, or one fused rounding of the exact result).
+
+Values are numpy float64 arrays holding values of the compute format. Dynamic per-tensor scales
+take their amax over the whole operand (``per_sample="whole"``: run one sample at a time) or over
+every axis but 0 (``"axis0"``: for graphs whose every tensor keeps the sample on axis 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from kcverify.kernels.spec import CastSpec, KernelSpec
+from tests.soundness.adversarial.arith import FMT, Fmt, fma_sum, ordered_sum, rnd, round3, within
+
+# ulps the spec gives a primitive when its table does not name it (the spec docstring's default)
+_DEFAULT_K = 2.0
+
+
+@dataclass(frozen=True)
+class Program:
+    spec: KernelSpec
+    order: str = "seq"
+    row_order: str | None = None
+    rounding: str = "nearest"
+    cast_rounding: str = "nearest"
+    quotient: str = "exact"
+    acc: str = "unscaled"
+    rescale: str = "one"
+    sat: bool = True
+    sm_form: str = "two_pass"
+    ln_form: str = "two_pass"
+    gelu_form: str = "decomposed"
+    per_sample: str = "whole"
+    seed: int = 0
+    label: str = ""
+
+    @property
+    def C(self) -> Fmt:
+        return FMT[self.spec.compute.name]
+
+    @property
+    def A(self) -> Fmt:
+        return FMT[self.spec.accumulate.name]
+
+    @property
+    def rows(self) -> str:
+        return self.row_order or self.order
+
+    def k(self, prim: str) -> float:
+        return float(self.spec.ulps.get(prim, _DEFAULT_K))
+
+    def with_(self, **kw) -> Program:
+        return replace(self, **kw)
+
+    def __str__(self) -> str:
+        return self.label or (f"{self.spec.name}[{self.order}/{self.rows}, {self.rounding}, "
+                              f"cast {self.cast_rounding}, q {self.quotient}, {self.acc}]")
+
+    # --- rounding of one primitive ------------------------------------------------------
+    def rng(self, salt: int = 0) -> np.random.Generator:
+        return np.random.default_rng([self.seed, salt])
+
+    def prim(self, exact: np.ndarray, prim: str, salt: int = 0) -> np.ndarray:
+        """The exact result of a primitive as this program returns it (within k ulps)."""
+        return within(exact, self.C, self.k(prim), self.rounding, self.rng(salt))
+
+    def store(self, x: np.ndarray) -> np.ndarray:
+        return rnd(np.asarray(x, np.float64), self.C)
+
+    # --- + - * / and unary primitives -----------------------------------------------------
+    def add(self, a, b, salt: int = 0) -> np.ndarray:
+        a, b = np.broadcast_arrays(np.asarray(a, np.float64), np.asarray(b, np.float64))
+        with np.errstate(invalid="ignore"):
+            near = round3(a, b, np.zeros_like(a), self.C)
+        if self.rounding == "nearest" or self.k("add") <= 0:
+            return _keep_inf(a + b, near)
+        return _keep_inf(a + b, self._directed(a + b, near, "add", salt))
+
+    def sub(self, a, b, salt: int = 0) -> np.ndarray:
+        return self.add(a, -np.asarray(b, np.float64), salt)
+
+    def mul(self, a, b, salt: int = 0) -> np.ndarray:
+        a = np.asarray(a, np.float64)
+        b = np.asarray(b, np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ex = a * b  # operands of <= 26 bits: exact
+        near = rnd(ex, self.C)
+        if self.rounding == "nearest":
+            return near
+        return _keep_inf(ex, self._directed(ex, near, "mul", salt))
+
+    def div(self, a, b, salt: int = 0) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            ex = np.asarray(a, np.float64) / np.asarray(b, np.float64)
+        near = rnd(ex, self.C)  # a / b of two <= 24-bit values: double rounding innocuous
+        if self.rounding == "nearest":
+            return near
+        return _keep_inf(ex, self._directed(ex, near, "div", salt))
+
+    def sqrt(self, a, salt: int = 0) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            ex = np.sqrt(np.asarray(a, np.float64))
+        near = rnd(ex, self.C)
+        if self.rounding == "nearest":
+            return near
+        return self._directed(ex, near, "sqrt", salt)
+
+    def _directed(self, ex: np.ndarray, near: np.ndarray, prim: str, salt: int) -> np.ndarray:
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = within(ex, self.C, self.k(prim), self.rounding, self.rng(salt))
+        return np.where(np.isfinite(d), d, near)
+
+    def unary(self, name: str, x) -> np.ndarray:
+        """exp, log, tanh, erf, sigmoid, reciprocal within their ulps (float64 reference: 1e-15
+        relative, far inside the 1e-9 of the radius arith.within keeps back)."""
+        x = np.asarray(x, np.float64)
+        t = torch.from_numpy(x)
+        with np.errstate(all="ignore"):
+            if name == "exp":
+                ex = np.exp(x)
+            elif name == "log":
+                ex = np.log(x)
+            elif name == "tanh":
+                ex = np.tanh(x)
+            elif name == "erf":
+                ex = torch.erf(t).numpy()
+            elif name == "sigmoid":
+                ex = torch.sigmoid(t).numpy()
+            elif name == "reciprocal":
+                return self.div(1.0, x)
+            else:
+                raise ValueError(name)
+        out = self.prim(ex, name)
+        return _keep_inf(ex, out)
+
+    # --- casts ------------------------------------------------------------------------
+    def cast(self, x: np.ndarray, cs: CastSpec, s: np.ndarray, rounding: str) -> np.ndarray:
+        """cast(x / s) into cs.format: the quotient exact or fp32, nearest or ``rounding``."""
+        f = FMT[cs.format.name]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            t = x / s
+            if self.quotient == "fp32":
+                t = rnd(t, "fp32")
+        if rounding == "nearest":
+            q = rnd(t, f, sat=self.sat)
+        else:
+            up = rnd(t, f, "up", sat=self.sat)
+            down = rnd(t, f, "down", sat=self.sat)
+            if rounding == "up":
+                q = up
+            elif rounding == "down":
+                q = down
+            else:
+                q = np.where(self.rng(7).random(t.shape) < 0.5, up, down)
+        return q
+
+    def scale(self, amax: np.ndarray, cs: CastSpec) -> np.ndarray:
+        """s = fl32(amax / max_finite), an all-zero group 1; a subnormal or zero fp32 scale is
+        what fl32 gives unless the spec states a floor the kernel clamps amax to (then
+        fl32(max(amax, floor)) / max_finite, rounded to fp32)."""
+        if cs.scale == "static":
+            return np.asarray(rnd(float(cs.value), "fp32"))
+        floor = getattr(cs, "floor", None)
+        if floor:
+            amax = rnd(np.maximum(amax, float(floor)), "fp32")
+        top = float(cs.format.max_finite)  # qmax for an integer format
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = rnd(amax / top, "fp32")
+        return np.where(amax == 0, 1.0, s)
+
+    # --- MatMul ------------------------------------------------------------------------
+    def operand(self, x: np.ndarray, const: bool, side: str
+                ) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """(q, s, block): the cast operand q, its scales s (broadcastable; per block: expanded
+        along K) and the block size when s varies along K. side: "left" (..., M, K) or "right"
+        (..., K, N)."""
+        cs = self.spec.weights if const else self.spec.activations
+        kax = x.ndim - 1 if side == "left" else x.ndim - 2
+        oax = x.ndim - 2 if side == "left" else x.ndim - 1
+        one = np.ones([1] * x.ndim)
+        if cs is None:
+            return (self.store(x) if const else x), one, None
+        a = np.abs(x)
+        if cs.scale in ("none", "static"):
+            s = one if cs.scale == "none" else self.scale(None, cs) * one
+            blk = None
+        elif cs.scale == "per_tensor":
+            s = self.scale(a.max(keepdims=True), cs) * one
+            blk = None
+        elif cs.scale == "per_channel":
+            axes = tuple(d for d in range(x.ndim) if d != oax)
+            s = self.scale(a.max(axis=axes, keepdims=True), cs)
+            blk = None
+        elif cs.scale == "dynamic_per_tensor":
+            if self.per_sample == "whole" or x.ndim < 2:
+                s = self.scale(a.max(keepdims=True), cs) * one
+            else:
+                s = self.scale(a.max(axis=tuple(range(1, x.ndim)), keepdims=True), cs)
+            blk = None
+        elif cs.scale == "dynamic_per_token":
+            s = self.scale(a.max(axis=kax, keepdims=True), cs)
+            blk = None
+        elif cs.scale in ("per_block", "dynamic_per_block"):
+            blk = int(cs.block_size or 32)
+            s = self.scale(_block_amax(a, kax, blk), cs)
+        else:
+            raise ValueError(cs.scale)
+        rounding = "nearest" if const or self.spec.rounding == "nearest" else self.cast_rounding
+        if cs.format.kind == "int":  # symmetric integer steps (weights only)
+            qmax = float(cs.format.max_finite)
+            return np.clip(np.rint(x / s), -qmax, qmax), s, blk
+        return self.cast(x, cs, s, rounding), s, blk
+
+    def matmul(self, a: np.ndarray, b: np.ndarray, a_const: bool, b_const: bool) -> np.ndarray:
+        """numpy.matmul semantics under the spec's casts, accumulation and rescaling."""
+        sq = []
+        if a.ndim == 1:
+            a = a[None, :]
+            sq.append(-2)
+        if b.ndim == 1:
+            b = b[:, None]
+            sq.append(-1)
+        qa, sa, ba = self.operand(a, a_const, "left")
+        qb, sb, bb = self.operand(b, b_const, "right")
+        cast = self.spec.weights is not None or self.spec.activations is not None
+        y = self._dot(qa, sa, ba, qb, sb, bb, cast)
+        for d in sq:
+            y = np.squeeze(y, d)
+        return y
+
+    def _dot(self, qa, sa, ba, qb, sb, bb, cast: bool) -> np.ndarray:
+        A = self.A
+        K = qa.shape[-1]
+        # products laid out (..., M, N, K)
+        pa = qa[..., :, None, :]
+        pb = np.swapaxes(qb, -1, -2)[..., None, :, :]
+        rng = self.rng(11)
+        if not cast:
+            acc = fma_sum(pa, pb, A, self.order, rng)
+            return self._out(acc)
+        sa_k = np.broadcast_to(sa, qa.shape)  # (..., M, K)
+        sb_k = np.broadcast_to(sb, qb.shape)  # (..., K, N)
+        if ba is None and bb is None:
+            if self.acc.startswith("dequant"):
+                da, db = _deq(qa, sa), _deq(qb, sb)
+                if self.acc == "dequant_rounded":  # s q rounded to the accumulator first
+                    da, db = rnd(da, A), rnd(db, A)
+                acc = fma_sum(da[..., :, None, :], np.swapaxes(db, -1, -2)[..., None, :, :], A,
+                              self.order, rng)
+                return self._out(acc)
+            acc = fma_sum(pa, pb, A, self.order, rng)
+            s_a = sa_k[..., :, :1]  # (..., M, 1) constant along K
+            s_b = sb_k[..., :1, :]  # (..., 1, N)
+            return self._rescale(acc, s_a, s_b)
+        # a scale varies along K: blocks of the smaller block size
+        blk = min(x for x in (ba, bb) if x is not None)
+        parts = []
+        for k0 in range(0, K, blk):
+            k1 = min(K, k0 + blk)
+            p = fma_sum(pa[..., k0:k1], pb[..., k0:k1], A, self.order, rng)
+            s_a = sa_k[..., :, k0:k0 + 1]
+            s_b = sb_k[..., k0:k0 + 1, :]
+            with np.errstate(invalid="ignore", over="ignore"):
+                p = rnd(rnd(p * s_a, A) * s_b, A)
+            parts.append(p)
+        border = "seq" if self.order.startswith(("chunk", "greedy")) else self.order
+        acc = ordered_sum(np.stack(parts, axis=-1), A, border, rng)
+        return self._out(acc)
+
+    def _rescale(self, acc, s_a, s_b) -> np.ndarray:
+        with np.errstate(invalid="ignore", over="ignore"):
+            if self.rescale == "one":
+                S = rnd(s_a * s_b, "fp32")
+                y = rnd(acc * S, "fp32")
+            else:
+                y = rnd(rnd(acc * s_a, "fp32") * s_b, "fp32")
+        return self._out(y)
+
+    def _out(self, y: np.ndarray) -> np.ndarray:
+        return rnd(y, self.C)
+
+    # --- normalising ops ----------------------------------------------------------------
+    def softmax(self, x: np.ndarray, axis: int = -1) -> np.ndarray:
+        x = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+        if self.sm_form == "fused":
+            with np.errstate(invalid="ignore", over="ignore"):
+                m = np.max(x, -1, keepdims=True)
+                e = np.exp(x - m)
+                ex = e / e.sum(-1, keepdims=True)
+            y = within(ex, self.C, max(self.k("exp"), self.k("div"), 1.0), self.rounding,
+                       self.rng(3))
+        else:
+            m = np.max(x, -1, keepdims=True)
+            d = self.sub(x, m, salt=1)
+            e = self.unary("exp", d)
+            s = ordered_sum(e, self.C, self.rows, self.rng(2))
+            y = self.div(e, s[..., None], salt=3)
+        return np.moveaxis(y, -1, axis)
+
+    def layernorm(self, x: np.ndarray, g, b, axis: int, eps: float) -> np.ndarray:
+        x = np.asarray(x, np.float64)
+        axis %= x.ndim
+        lead = x.shape[:axis]
+        xf = x.reshape(*lead, -1)
+        n = xf.shape[-1]
+        if self.ln_form == "fused":
+            mu = xf.mean(-1, keepdims=True)
+            c = xf - mu
+            v = (c * c).mean(-1, keepdims=True)
+            xh = c / np.sqrt(v + eps)
+            y = xh.reshape(x.shape)
+            if g is not None:
+                y = y * g
+            if b is not None:
+                y = y + b
+            return within(y, self.C, 1.0, self.rounding, self.rng(4))
+        s = ordered_sum(xf, self.C, self.rows, self.rng(5))
+        mu = self.div(s, float(n))[..., None]
+        c = self.sub(xf, mu, salt=6)
+        sq = self.mul(c, c, salt=7)
+        v = self.div(ordered_sum(sq, self.C, self.rows, self.rng(8)), float(n))[..., None]
+        ve = self.add(v, rnd(eps, self.C), salt=9)
+        if self.rounding == "nearest":
+            r = self.div(1.0, self.sqrt(ve))
+        else:  # one rsqrt within its ulps
+            r = within(1.0 / np.sqrt(ve), self.C, self.k("rsqrt"), self.rounding, self.rng(10))
+        y = self.mul(c, r, salt=11).reshape(x.shape)
+        if g is not None:
+            y = self.mul(y, g, salt=12)
+        if b is not None:
+            y = self.add(y, b, salt=13)
+        return y
+
+    def reduce_sum(self, x: np.ndarray, axes: tuple[int, ...], keepdims: bool, mean: bool
+                   ) -> np.ndarray:
+        """Standalone ReduceSum / ReduceMean: any order in the accumulator, then the compute
+        format (and the division by n)."""
+        x = np.asarray(x, np.float64)
+        axes = tuple(sorted(a % x.ndim for a in axes)) if axes else tuple(range(x.ndim))
+        keep = [d for d in range(x.ndim) if d not in axes]
+        t = np.transpose(x, keep + list(axes))
+        t = t.reshape(*[x.shape[d] for d in keep], -1)
+        n = t.shape[-1]
+        s = rnd(ordered_sum(t, self.A, self.order, self.rng(14)), self.C)
+        if mean:
+            s = self.div(s, float(n))
+        if keepdims:
+            shape = [1 if d in axes else x.shape[d] for d in range(x.ndim)]
+            s = s.reshape(shape)
+        return s
+
+    def gelu(self, x: np.ndarray, approximate: str = "none") -> np.ndarray:
+        x = np.asarray(x, np.float64)
+        if self.gelu_form == "fused":
+            if approximate == "tanh":
+                ex = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+                k = self.k("tanh")
+            else:
+                ex = 0.5 * x * (1 + torch.erf(torch.from_numpy(x) / math.sqrt(2)).numpy())
+                k = self.k("erf")
+            return within(ex, self.C, k, self.rounding, self.rng(15))
+        if approximate == "tanh":
+            x3 = self.mul(self.mul(x, x), x)
+            inner = self.add(x, self.mul(x3, rnd(0.044715, self.C)))
+            t = self.unary("tanh", self.mul(inner, rnd(math.sqrt(2 / math.pi), self.C)))
+        else:
+            t = self.unary("erf", self.div(x, rnd(math.sqrt(2), self.C)))
+        return self.mul(self.mul(x, self.add(1.0, t)), 0.5)
+
+
+def _keep_inf(ex: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """An infinite exact value (a mask) stays itself; NaN stays NaN."""
+    return np.where(np.isinf(ex) | np.isnan(ex), ex, y)
+
+
+def _deq(q: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The dequantised value s q, exact in float64 (<= 24 + 11 bits)."""
+    return q * s
+
+
+def _block_amax(a: np.ndarray, axis: int, blk: int) -> np.ndarray:
+    """amax over blocks of blk entries along axis, expanded back along it."""
+    m = np.moveaxis(a, axis, -1)
+    k = m.shape[-1]
+    nb = -(-k // blk)
+    pad = nb * blk - k
+    if pad:
+        m = np.concatenate([m, np.zeros((*m.shape[:-1], pad))], axis=-1)
+    bm = m.reshape(*m.shape[:-1], nb, blk).max(-1)
+    bm = np.repeat(bm, blk, axis=-1)[..., :k]
+    return np.moveaxis(bm, -1, axis)

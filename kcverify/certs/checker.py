@@ -37,9 +37,9 @@ from kcverify.certs.rules import RULES, RuleContext
 from kcverify.certs.statement import (
     DIGEST_FILE,
     PATH_KEY,
+    data_slices,
     kernel_spec_digest,
     sha256_file,
-    slice_path,
     subjects_of,
 )
 from kcverify.errors import CertificateError, InputFileError, InternalError, KcverifyError
@@ -172,17 +172,18 @@ def _data_problems(stmt: Mapping[str, Any], model_path: str | os.PathLike[str],
             else:
                 problems += filter(None, [_file_problem(Path(model_path).parent / loc,
                                                         stated[loc], what)])
-    slices = dict(getattr(contract, "slices", None) or {})
+    slices = data_slices(getattr(contract, "slices", None) or {})
     in_cert = {s["name"].removeprefix("slice:"): s for s in subjects_of(stmt, "slice")}
     for name in sorted(set(slices) | set(in_cert)):
         what = f"slice {name!r}"
         if name not in slices:
-            problems.append(f"{what}: in the certificate, not in the contract")
+            problems.append(f"{what}: in the certificate, not a slice with a data file in the "
+                            "contract")
             continue
         if name not in in_cert:
             problems.append(f"{what}: its data file is not digested in the certificate")
             continue
-        written = slice_path(slices[name])
+        written = slices[name]
         if in_cert[name]["annotations"][PATH_KEY] != written:
             problems.append(f"{what}: the certificate digests "
                             f"{in_cert[name]['annotations'][PATH_KEY]!r}, the contract names "

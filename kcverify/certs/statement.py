@@ -102,17 +102,23 @@ def subjects_of(statement: Mapping[str, Any], role: str) -> list[dict[str, Any]]
 
 def slice_path(spec: Any) -> str:
     """The data file of a slice as the contract writes it: a DSL Slice's ``inputs``, or a path."""
-    return str(getattr(spec, "inputs", spec))
+    return str(getattr(spec, "inputs", spec) or "")
+
+
+def data_slices(slices: Mapping[str, Any]) -> dict[str, str]:
+    """The slices that have a data file (name -> its path as written). A slice given only by a
+    trace file (``traces``, read by monitor/promote, never by prove) has none: no claim of a
+    certificate rests on it, and a growing log is not digested."""
+    return {name: path for name in sorted(slices) if (path := slice_path(slices[name]))}
 
 
 def slice_subjects(contract_path: str | os.PathLike[str], slices: Mapping[str, Any]
                    ) -> list[dict[str, Any]]:
-    """One ``slice:<name>`` subject per slice: the sha256 of its data file, resolved against the
-    contract's directory (InputFileError when it cannot be read)."""
+    """One ``slice:<name>`` subject per slice with a data file: the sha256 of the file, resolved
+    against the contract's directory (InputFileError when it cannot be read)."""
     base = Path(contract_path).parent
     out = []
-    for name in sorted(slices):
-        written = slice_path(slices[name])
+    for name, written in data_slices(slices).items():
         p = Path(written)
         path = p if p.is_absolute() else base / p
         try:

@@ -227,3 +227,30 @@ def test_checker_imports_stay_light() -> None:
             "print(sorted(m for m in ('torch', 'onnx', 'kcverify.bounds', 'z3') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_slices_with_data_are_digested_trace_slices_are_not(example: Any, engine: FakeEngine) -> None:
+    """Every slice with a data file is a subject; a slice given only by a trace file (read by
+    monitor/promote, never by prove) is not, so a growing log does not break the certificate."""
+    from kcverify.certs.testing import CONTRACT_TEXT
+    from kcverify.dsl import load_contract
+
+    model, contract, specs, _ = example
+    head = CONTRACT_TEXT[:CONTRACT_TEXT.index("clauses:")]
+    contract.write_text(head.replace("  all: {inputs: data.npz}\n", "  all: {inputs: data.npz}\n"
+                                     "  live: {traces: live.jsonl}\n  again: {inputs: data.npz}\n")
+                        + "clauses:\n" + CONTRACT_TEXT.split("clauses:\n")[1].splitlines()[0] + "\n")
+    x = decode_array(example[3]["predicate"]["blocks"]["0:b0"]["in_state"]["x"]["train_lo"])
+    b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"},
+                           slices=load_contract(contract).slices, store_input=None)
+    refs = [b.add_block(r) for r in engine.certify(x)]
+    chain = b.sequential(refs, {"x": FakeBox.point(x)}, ["logits"], slice="all")
+    b.add_clause("N-1", "numerical", "proved", threshold=0.5, method="fake-affine",
+                 proof=b.apply("threshold", [b.apply("linf-from-state", [chain], tensor="logits")],
+                               threshold=0.5))
+    st = b.build()
+    assert sorted(s["name"] for s in st["subject"] if s["name"].startswith("slice:")) == [
+        "slice:again", "slice:all"]
+    assert check(example, engine, st).ok, check(example, engine, st).problems
+    st["subject"] = [s for s in st["subject"] if s["name"] != "slice:again"]
+    rejected(check(example, engine, st), "slice 'again': its data file is not digested")

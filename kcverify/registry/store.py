@@ -80,6 +80,9 @@ CREATE TABLE IF NOT EXISTS decisions (
   entry_id INTEGER REFERENCES entries(id),
   model_sha256 TEXT, contract_sha256 TEXT, certificate_sha256 TEXT, reason TEXT NOT NULL,
   policy TEXT);
+CREATE TABLE IF NOT EXISTS promotions (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, stage TEXT NOT NULL,
+  decision TEXT NOT NULL, model_sha256 TEXT, contract_sha256 TEXT, record TEXT NOT NULL);
 """
 # schema 1 -> 2: the policy of each admission, and the files each entry's proof depends on
 MIGRATE_1_2 = """
@@ -482,6 +485,26 @@ class Registry:
                 rows = db.execute("SELECT * FROM decisions WHERE entry_id = ? ORDER BY id",
                                   (_entry_id(entry_id),))
             return [dict(r) for r in rows]
+
+    def log_promotion(self, record: Mapping[str, Any]) -> int:
+        """Append a promotion decision (kcverify.enforce.promote: stage, go / no-go, contract and
+        model digests, kernel fingerprint, verdicts) to the promotion log; returns its id."""
+        with self._connect() as db, self._transaction(db):
+            cur = db.execute(
+                "INSERT INTO promotions (at, stage, decision, model_sha256, contract_sha256, "
+                "record) VALUES (?, ?, ?, ?, ?, ?)",
+                (_now(), str(record["stage"]), str(record["decision"]),
+                 (record.get("model") or {}).get("sha256"),
+                 (record.get("contract") or {}).get("sha256"), json.dumps(record, sort_keys=True)))
+            return int(cur.lastrowid or 0)
+
+    def promotions(self) -> list[dict[str, Any]]:
+        """The promotion log, oldest first; each row's ``record`` decoded."""
+        with self._connect() as db:
+            rows = [dict(r) for r in db.execute("SELECT * FROM promotions ORDER BY id")]
+        for r in rows:
+            r["record"] = json.loads(r["record"])
+        return rows
 
     def certificate(self, entry_id: int | str) -> dict[str, Any]:
         from kcverify.certs.statement import loads_certificate

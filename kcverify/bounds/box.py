@@ -20,7 +20,6 @@ certificates store.
 
 from __future__ import annotations
 
-import base64
 import functools
 import math
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kcverify import boxes
 from kcverify.errors import BoundError
 
 U64 = 2.0**-53
@@ -356,82 +356,10 @@ def _check_slow(parts: list[torch.Tensor], where: str, had_inf: HadInf) -> Box:
     return Box(*parts)
 
 
-_FIELDS = ("train_lo", "train_hi", "inf_lo", "inf_hi", "drift_lo", "drift_hi")
-
-
-@dataclass
-class DiffBox:
-    """Public differential box: float64 numpy arrays of one tensor's shape (batch first).
-
-    For every input in the set and every pair of conforming programs: train value in
-    [train_lo, train_hi], inference value in [inf_lo, inf_hi], inf - train in [drift_lo, drift_hi].
-    """
-
-    train_lo: np.ndarray
-    train_hi: np.ndarray
-    inf_lo: np.ndarray
-    inf_hi: np.ndarray
-    drift_lo: np.ndarray
-    drift_hi: np.ndarray
-
-    def __post_init__(self) -> None:
-        """NaN (an inf - inf inside a rule) carries no information: a lower end becomes -inf,
-        an upper end +inf, so every state stays a sound (if vacuous) enclosure."""
-        for name in ("train_lo", "inf_lo", "drift_lo"):
-            a = np.asarray(getattr(self, name), dtype=np.float64)
-            setattr(self, name, np.where(np.isnan(a), -np.inf, a))
-        for name in ("train_hi", "inf_hi", "drift_hi"):
-            a = np.asarray(getattr(self, name), dtype=np.float64)
-            setattr(self, name, np.where(np.isnan(a), np.inf, a))
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.train_lo.shape)
-
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        return tuple(getattr(self, f) for f in _FIELDS)
-
-    def contains(self, other: DiffBox) -> bool:
-        """True when every set of ``other`` lies inside the corresponding set of ``self``."""
-        if self.shape != other.shape:
-            return False
-        mine, theirs = self.arrays(), other.arrays()
-        for k in range(0, 6, 2):
-            if not (np.all(mine[k] <= theirs[k]) and np.all(theirs[k + 1] <= mine[k + 1])):
-                return False
-        return True
-
-    def linf(self) -> np.ndarray:
-        """Certified max |inf - train| per sample (axis 0)."""
-        m = np.maximum(np.abs(self.drift_lo), np.abs(self.drift_hi))
-        if m.ndim == 0:
-            return m.reshape(1)
-        return m.reshape(m.shape[0], -1).max(axis=1) if m.size else np.zeros(m.shape[0])
+class DiffBox(boxes.DiffBox):
+    """The public numpy box (kcverify.boxes.DiffBox: six float64 arrays, NaN widened to the whole
+    line, containment, linf, exact JSON) plus the conversion to this engine's torch Box."""
 
     def to_box(self, device: str | torch.device = "cpu") -> Box:
         return Box(*(torch.as_tensor(np.asarray(a, dtype=np.float64), device=device)
                      for a in self.arrays()))
-
-    def to_plain(self) -> dict[str, Any]:
-        """JSON-able form: shape and base64 of the little-endian float64 bytes of each array."""
-        out: dict[str, Any] = {"shape": list(self.shape)}
-        for f in _FIELDS:
-            a = np.ascontiguousarray(getattr(self, f), dtype="<f8")
-            out[f] = base64.b64encode(a.tobytes()).decode("ascii")
-        return out
-
-    @staticmethod
-    def from_plain(d: dict[str, Any]) -> DiffBox:
-        shape = tuple(int(s) for s in d["shape"])
-        arrs = []
-        for f in _FIELDS:
-            raw = base64.b64decode(d[f])
-            arrs.append(np.frombuffer(raw, dtype="<f8").reshape(shape).astype(np.float64))
-        return DiffBox(*arrs)
-
-    @staticmethod
-    def point(x: np.ndarray) -> DiffBox:
-        """The same exact value in both kernels, zero drift."""
-        x = np.asarray(x, dtype=np.float64)
-        z = np.zeros_like(x)
-        return DiffBox(x.copy(), x.copy(), x.copy(), x.copy(), z, z.copy())

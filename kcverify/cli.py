@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from kcverify import __version__
 from kcverify.errors import INTERNAL_EXIT, InternalError, KcverifyError
 
-COMMANDS = ("lint", "inspect", "bound", "prove", "check", "registry")
+COMMANDS = ("lint", "inspect", "bound", "prove", "check", "registry", "mlflow")
 
 
 def build_parser() -> argparse.ArgumentParser:

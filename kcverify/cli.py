@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from kcverify import __version__
 from kcverify.errors import INTERNAL_EXIT, InternalError, KcverifyError
 
-COMMANDS = ("lint", "inspect", "bound", "prove", "check", "registry", "mlflow")
+COMMANDS = ("lint", "inspect", "bound", "prove", "check", "registry", "mlflow", "monitor",
+            "promote", "replay")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -129,6 +129,7 @@ def load_contract(path: PathLike) -> Contract:
 def prove(contract: PathLike, model: PathLike, *, domain: str = "best", device: str = "cpu",
           realizations: int = 2, confidence: float = 0.95, cert: PathLike | None = None,
           embed: bool = False, write_certificate: bool = True, rules: Sequence[str] = (),
+          workers: int | None = None, ray_address: str | None = None,
           progress: Callable[[str], None] | None = None) -> ProveResult:
     """Decide every clause of ``contract`` on the ONNX ``model`` (``kcverify prove``).
 
@@ -138,8 +139,11 @@ def prove(contract: PathLike, model: PathLike, *, domain: str = "best", device: 
     ``.cert_path`` (where it was written: ``cert``, default MODEL.kcert.json; the model itself
     with ``embed``; None with ``write_certificate=False``) and ``.exit_code`` (0: no clause
     refuted or failed, 1 otherwise). ``rules`` are modules or .py files registering extra
-    composition rules; ``progress`` receives one line per step."""
+    composition rules; ``progress`` receives one line per step. ``workers`` (a local Ray with
+    that many workers) or ``ray_address`` (an existing Ray cluster) bound the contract's slices
+    in parallel (``kcverify[ray]``, kcverify.distributed); the result is the serial one."""
     from kcverify.certs.rules import load_rule_modules
+    from kcverify.distributed import executor_for
     from kcverify.planner import ProveOptions
     from kcverify.planner import prove as _prove
 
@@ -148,7 +152,8 @@ def prove(contract: PathLike, model: PathLike, *, domain: str = "best", device: 
                            realizations=realizations, confidence=confidence,
                            cert_path=None if cert is None else Path(cert), embed=embed,
                            write_certificate=write_certificate, progress=progress)
-    return _prove(contract, model, options)
+    with executor_for(workers, ray_address, options.device) as options.executor:
+        return _prove(contract, model, options)
 
 
 def check(cert: PathLike | Mapping[str, Any], model: PathLike, contract: PathLike, *,
@@ -241,16 +246,20 @@ def kernels_of(contract_path: PathLike) -> tuple[Any, Any]:
 
 def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
           domain: str = "best", device: str = "cpu", eps: float = 0.0, space: str = "input",
+          workers: int | None = None, ray_address: str | None = None,
           progress: Callable[[int, int], None] | None = None) -> BoundResult:
     """Certified drift bounds between the contract's kernels on each input (``kcverify bound``).
 
     ``inputs``: a .npy/.npz path, an array (the model's single input) or a mapping input name ->
     batch. ``domain``: interval, linear or best. ``eps > 0`` bounds every input in the L-inf box
     of that radius around each input (``space`` input or embedding). ``progress(done, total)``
-    is called after each work item (relational domains: one input each)."""
+    is called after each work item (relational domains: one input each). ``workers`` /
+    ``ray_address`` run the work items on Ray (kcverify.distributed); the bounds are the
+    serial ones, in input order."""
     import numpy as np
 
-    from kcverify.bounds import Region, certify_drift
+    from kcverify.bounds import Region
+    from kcverify.distributed import SerialExecutor, executor_for
     from kcverify.models.ir import load_onnx
 
     train, inf = kernels_of(contract)
@@ -258,13 +267,18 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
     feeds = read_inputs(inputs) if isinstance(inputs, str | os.PathLike) else inputs
     device = check_device(device, "device")
     region = Region(space, "linf", eps) if eps > 0 else None
-    chunks = input_chunks(feeds, domain)
-    results = []
-    for part in chunks:
-        results.append(certify_drift(graph, train, inf, part, region=region, domain=domain,
-                                     device=device))
+    items = [dict(feeds=part, region=region, domain=domain, device=device)
+             for part in input_chunks(feeds, domain)]
+    finished = 0
+
+    def done(i: int, res: Any) -> None:
+        nonlocal finished
+        finished += 1
         if progress is not None:
-            progress(len(results), len(chunks))
+            progress(finished, len(items))
+
+    with executor_for(workers, ray_address, device) as ex:
+        results = (ex or SerialExecutor()).map_drift(graph, model, train, inf, items, done)
     return BoundResult(
         model=os.fspath(model), contract=os.fspath(contract), domain=domain,
         linf=np.concatenate([r.linf for r in results]),

@@ -30,6 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="bound over a box (L-inf ball) of this radius around each input")
     p.add_argument("--space", default="input", choices=["input", "embedding"],
                    help="where the --eps box lives (token models: embedding)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="bound the inputs in parallel on a local Ray with N workers "
+                        "(kcverify[ray]; the relational domains bound one input per task)")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="bound the inputs on an existing Ray cluster (ray://host:10001, auto)")
     p.add_argument("--json", action="store_true",
                    help="print strict JSON (an infinite bound is the string \"inf\")")
     p.set_defaults(func=run)
@@ -43,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"kcverify bound: input {done}/{total}\n")
 
     res = bound(args.model, args.contract, args.inputs, domain=args.domain, device=args.device,
-                eps=args.eps, space=args.space, progress=progress)
+                eps=args.eps, space=args.space, workers=args.workers,
+                ray_address=args.ray_address, progress=progress)
     if args.json:
         print(dumps(res.to_json()))
         return 0

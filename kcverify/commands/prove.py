@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from kcverify.api import check_device, dumps
+from kcverify.distributed import executor_for
 from kcverify.planner import ProveOptions, prove
 from kcverify.planner.prove import stderr_progress
 
@@ -43,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "'derives = QUANTITY' lets prove certify that quantity); repeatable")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="bound the slices in parallel on a local Ray with N workers "
+                        "(kcverify[ray]); the certificate is the serial run's, byte for byte")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="bound the slices on an existing Ray cluster (ray://host:10001, auto)")
     p.set_defaults(func=run)
 
 
@@ -58,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
                            cert_path=args.cert, embed=args.embed,
                            write_certificate=not args.no_cert, force=args.force,
                            progress=None if args.quiet else stderr_progress)
-    result = prove(args.contract, args.model, options)
+    with executor_for(args.workers, args.ray_address, options.device) as options.executor:
+        result = prove(args.contract, args.model, options)
     if args.json:
         print(dumps(report_json(result.report)))
     else:

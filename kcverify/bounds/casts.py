@@ -9,9 +9,15 @@
   s the image is exactly [s*Q(lo/s), s*Q(hi/s)]; over an interval of scales we enclose
   s*Q(t) with t in hull(a/s) by the interval product. This is intersected with the relative model
   |s*Q(a/s) - a| <= u*|a| + eta*s (the only model when ``rounding == "any"``).
-* the scale a realization computes (amax / max_finite) and the quotient a / s may be computed in
+* the scale a program computes, fl32(max(amax, floor) / max_finite) (the spec's floor keeps it a
+  normal float32 number: kcverify/kernels/spec.py), and the quotient a / s may be computed in
   fp32: ``SCALE_SLACK`` widens both so that a quotient landing on the other side of a rounding
   boundary is covered; the dequantised value s*q may be rounded to the accumulator (``deq_u``).
+* the group of a ``dynamic_per_tensor`` scale is one *sample*: all axes but the operand's sample
+  axis, which the engine tracks from the model's inputs (kcverify.models.blocks.sample_axes).
+  An operand without a sample axis (the same for every sample) is one group; one whose sample
+  axis is unknown (merged by a reshape) is one group when the batch has one sample, and
+  otherwise gets every scale between its own element's magnitude and the operand's amax.
 
 Integer formats (weights only): Q(a) = clip(round(a / s), -qmax, qmax) * s, |err| <= s/2.
 """
@@ -67,19 +73,14 @@ def _qmax(fmt: Format) -> float:
     return float(fmt.qmax) if fmt.kind == "int" else fmt.max_finite
 
 
-def scale_of(amax_lo: torch.Tensor, amax_hi: torch.Tensor, fmt: Format
+def scale_of(amax_lo: torch.Tensor, amax_hi: torch.Tensor, cs: CastSpec
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Interval of s = amax / max_finite (all-zero group -> 1), with fp32 slack."""
-    m = _qmax(fmt)
-    s_lo = pad_lo(amax_lo / m, SCALE_SLACK)
-    s_hi = pad_hi(amax_hi / m, SCALE_SLACK)
-    zero_possible = amax_lo <= 0
-    if not bool(zero_possible.any()):
-        return s_lo.clamp_min(0.0), s_hi
-    one = torch.ones_like(s_lo)
-    s_lo = torch.where(zero_possible, torch.minimum(s_lo, one), s_lo).clamp_min(0.0)
-    s_hi = torch.where(zero_possible, torch.maximum(s_hi, one), s_hi)
-    return s_lo, s_hi
+    """Interval of s = fl32(max(amax, floor) / max_finite), with fp32 slack; s_lo > 0."""
+    m = _qmax(cs.format)
+    floor = cs.floor
+    s_lo = pad_lo(amax_lo.clamp_min(floor) / m, SCALE_SLACK)
+    s_hi = pad_hi(amax_hi.clamp_min(floor) / m, SCALE_SLACK)
+    return s_lo.clamp_min(floor / m * (1 - 2 * SCALE_SLACK)), s_hi
 
 
 def cast_image(lo: torch.Tensor, hi: torch.Tensor, s_lo: torch.Tensor | float,
@@ -145,36 +146,71 @@ def _group_amax(lo: torch.Tensor, hi: torch.Tensor, dims: tuple[int, ...]
     return a_lo.amax(dim=dims, keepdim=True), a_hi.amax(dim=dims, keepdim=True)
 
 
-def activation_cast(lo: torch.Tensor, hi: torch.Tensor, cs: CastSpec, rounding: str,
-                    side: str, deq_u: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cast an activation operand of a MatMul. ``side``: "left" (..., M, K) or "right" (..., K, N).
+UNKNOWN = "unknown"  # a sample axis the engine cannot tell (kcverify.models.blocks.sample_axes)
 
-    dynamic_per_tensor: one scale per sample (axis 0) over all other axes; dynamic_per_token: one
-    per row (left) / column (right) over the reduction axis K; dynamic_per_block: blocks of
-    ``block_size`` along K. static: the given scale; none: scale 1.
-    """
-    fmt = cs.format
+
+def activation_scale_bounds(lo: torch.Tensor, hi: torch.Tensor, cs: CastSpec, side: str,
+                            sample_axis: int | str | None = 0, batch: int | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[s_lo, s_hi] of the activation scale of every element (broadcastable to lo), for
+    ``cs.scale`` in none / static / dynamic_per_tensor / dynamic_per_token (see the module doc
+    for ``sample_axis``: an axis, None for no sample axis, UNKNOWN)."""
+    one = torch.ones([1] * lo.dim(), dtype=lo.dtype, device=lo.device)
     if cs.scale == "none":
-        return cast_image(lo, hi, 1.0, 1.0, fmt, rounding, deq_u)
+        return one, one
     if cs.scale == "static":
         v = float(cs.value or 1.0)
-        return cast_image(lo, hi, v, v, fmt, rounding, deq_u)
-    kdim = lo.dim() - 1 if side == "left" else lo.dim() - 2
-    if cs.scale == "dynamic_per_tensor":
-        dims = tuple(range(1, lo.dim())) if lo.dim() > 1 else (0,)
-        a_lo, a_hi = _group_amax(lo, hi, dims)
-        s_lo, s_hi = scale_of(a_lo, a_hi, fmt)
-        return cast_image(lo, hi, s_lo, s_hi, fmt, rounding, deq_u, dynamic=True)
+        return one * v, one * v
     if cs.scale == "dynamic_per_token":
-        a_lo, a_hi = _group_amax(lo, hi, (kdim,))
-        s_lo, s_hi = scale_of(a_lo, a_hi, fmt)
+        kdim = lo.dim() - 1 if side == "left" else lo.dim() - 2
+        return scale_of(*_group_amax(lo, hi, (kdim,)), cs)
+    if cs.scale != "dynamic_per_tensor":
+        raise ValueError(f"no per-element scale bounds for {cs.scale!r}")
+    everything = tuple(range(lo.dim())) if lo.dim() else ()
+    if isinstance(sample_axis, int) and not isinstance(sample_axis, bool) and lo.dim() > 1:
+        a = sample_axis % lo.dim()
+        dims = tuple(d for d in range(lo.dim()) if d != a)
+        return scale_of(*_group_amax(lo, hi, dims), cs)
+    if sample_axis is None or batch == 1 or lo.dim() <= 1:
+        return scale_of(*_group_amax(lo, hi, everything), cs)
+    # unknown sample axis with several samples: the element's group holds the element and lies
+    # inside the operand
+    _, a_hi = _group_amax(lo, hi, everything)
+    return scale_of(mig(lo, hi), a_hi.expand_as(lo), cs)
+
+
+def activation_cast(lo: torch.Tensor, hi: torch.Tensor, cs: CastSpec, rounding: str,
+                    side: str, deq_u: float, sample_axis: int | str | None = 0,
+                    batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cast an activation operand of a MatMul. ``side``: "left" (..., M, K) or "right" (..., K, N).
+
+    dynamic_per_tensor: one scale per sample (all axes but ``sample_axis``; see the module doc);
+    dynamic_per_token: one per row (left) / column (right) over the reduction axis K;
+    dynamic_per_block: blocks of ``block_size`` along K. static: the given scale; none: 1.
+    """
+    fmt = cs.format
+    if cs.scale in ("none", "static"):
+        s_lo, s_hi = activation_scale_bounds(lo, hi, cs, side)
+        return cast_image(lo, hi, s_lo, s_hi, fmt, rounding, deq_u)
+    if cs.scale in ("dynamic_per_tensor", "dynamic_per_token"):
+        s_lo, s_hi = activation_scale_bounds(lo, hi, cs, side, sample_axis, batch)
         return cast_image(lo, hi, s_lo, s_hi, fmt, rounding, deq_u, dynamic=True)
     if cs.scale == "dynamic_per_block":
+        kdim = lo.dim() - 1 if side == "left" else lo.dim() - 2
         return _blocked(lo, hi, kdim, int(cs.block_size or 32),
                         lambda x_lo, x_hi, d: cast_image(
-                            x_lo, x_hi, *scale_of(*_group_amax(x_lo, x_hi, (d,)), fmt), fmt,
+                            x_lo, x_hi, *scale_of(*_group_amax(x_lo, x_hi, (d,)), cs), fmt,
                             rounding, deq_u, dynamic=True))
     raise ValueError(f"unknown activation scale {cs.scale!r}")
+
+
+def block_scale_bounds(lo: torch.Tensor, hi: torch.Tensor, cs: CastSpec, side: str
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[s_lo, s_hi] of a dynamic_per_block activation scale, per element (full shape)."""
+    kdim = lo.dim() - 1 if side == "left" else lo.dim() - 2
+    return _blocked(lo, hi, kdim, int(cs.block_size or 32),
+                    lambda x_lo, x_hi, d: tuple(
+                        t.expand_as(x_lo) for t in scale_of(*_group_amax(x_lo, x_hi, (d,)), cs)))
 
 
 def _blocked(lo: torch.Tensor, hi: torch.Tensor, dim: int, block: int, fn) -> tuple[torch.Tensor, torch.Tensor]:

@@ -148,10 +148,12 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
               domain: str = "interval", device: torch.device | str = "cpu",
               region_tensors: Mapping[str, Callable[[Any], Box]] | None = None,
               keep: set[str] | None = None, lin: dict[str, Any] | None = None,
-              lin_m: int = 0, zono: Any = None) -> dict[str, Any]:
+              lin_m: int = 0, zono: Any = None, axes: Mapping[str, Any] | None = None,
+              batch: int | None = None) -> dict[str, Any]:
     """Bound every node of ``graph`` from ``state`` (name -> Box | Concrete); returns the states
     of the graph outputs (and of ``keep``). ``region_tensors``: tensors replaced, once computed,
-    by a region box around them (embedding-space regions)."""
+    by a region box around them (embedding-space regions). ``axes``/``batch``: the sample axis
+    of every tensor and the number of samples (dynamic per-sample scales; RuleCtx)."""
     rd = _rule_domain(domain)
     separate = domain == "separate"
     dev = torch.device(device)
@@ -171,12 +173,12 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
         for i, v in zip(n.inputs, ins):
             if i and v is None:
                 raise BoundError(f"node {n.name!r} ({n.op_type}) reads {i!r}, which has no state")
-        results = _dispatch(graph, n, ins, rd, train, inf, consts, dev, separate)
+        ctx = RuleCtx(n, train, inf, consts, graph.opset, dev, axes, batch)
+        results = _dispatch(graph, n, ins, rd, ctx, separate)
         if lin is not None and any(isinstance(r, Box) for r in results):
-            results = _linear_step(graph, n, ins, results, train, inf, consts, dev, lin, lin_m)
+            results = _linear_step(graph, n, ins, results, ctx, lin, lin_m)
         if zono is not None and any(isinstance(r, Box) for r in results):
-            results = zono.step(n, list(n.inputs), ins, results,
-                                RuleCtx(n, train, inf, consts, graph.opset, dev))
+            results = zono.step(n, list(n.inputs), ins, results, ctx)
         for o, r in zip(n.outputs, results):
             if o:
                 if region_tensors and o in region_tensors:
@@ -192,8 +194,7 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
     return {o: st[o] for o in outs if o in st}
 
 
-def _dispatch(graph: Graph, n, ins: list, rd: str, train: KernelSpec, inf: KernelSpec,
-              consts: set[str], dev: torch.device, separate: bool) -> tuple:
+def _dispatch(graph: Graph, n, ins: list, rd: str, ctx: RuleCtx, separate: bool) -> tuple:
     where = f"{n.op_type} node {n.name!r}"
     present = [x for x in ins if x is not None]
     if n.op_type in _SHAPE_ONLY:
@@ -216,7 +217,6 @@ def _dispatch(graph: Graph, n, ins: list, rd: str, train: KernelSpec, inf: Kerne
     if rule is None:
         raise BoundError(f"{where} (opset {graph.opset}): no rule for domain {rd!r}; "
                          f"registered: {', '.join(registered(rd))}")
-    ctx = RuleCtx(n, train, inf, consts, graph.opset, dev)
 
     def had_inf() -> bool:  # asked only when a result holds NaN (inf - inf is then legitimate)
         return any((isinstance(x, Box) and not all(bool(torch.isfinite(p).all()) for p in x.parts()))
@@ -243,15 +243,14 @@ def _dispatch(graph: Graph, n, ins: list, rd: str, train: KernelSpec, inf: Kerne
     return tuple(res)
 
 
-def _linear_step(graph: Graph, n, ins: list, results: tuple, train: KernelSpec, inf: KernelSpec,
-                 consts: set[str], dev: torch.device, lin: dict[str, Any], m: int) -> tuple:
+def _linear_step(graph: Graph, n, ins: list, results: tuple, ctx: RuleCtx,
+                 lin: dict[str, Any], m: int) -> tuple:
     """The linear domain's forms for the node's outputs, and the reduced product (linear.py)."""
     from kcverify.bounds.linear import LINEAR_RULES, tighten
 
     rule = LINEAR_RULES.get(n.op_type)
     if rule is None or len(results) != 1 or not isinstance(results[0], Box):
         return results
-    ctx = RuleCtx(n, train, inf, consts, graph.opset, dev)
     states = []
     for name, x in zip(n.inputs, ins):
         if x is None:
@@ -374,6 +373,7 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
     concrete_inputs = {n for n, d in in_state.items() if _is_int(g, n)}
     check_rules(g, domain, concrete_inputs)
     g = expanded(g, domain)
+    axes, batch = _axes_of(block, g, in_state)
     st = {name: _from_diffbox(g, name, d, dev) for name, d in in_state.items()}
     lin = None
     m = 0
@@ -390,11 +390,29 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
 
         zono = ZonoTrack()
     out = run_graph(g, train_spec, inf_spec, st, domain, dev, region_tensors,
-                    keep=set(getattr(block, "outputs", ())), lin=lin, lin_m=m, zono=zono)
+                    keep=set(getattr(block, "outputs", ())), lin=lin, lin_m=m, zono=zono,
+                    axes=axes, batch=batch)
     if not out:
         return {}
     ctx = RuleCtx(g.nodes[0], train_spec, inf_spec, set(), g.opset, dev)
     return {k: _to_diffbox(v, ctx) for k, v in out.items()}
+
+
+def _axes_of(block: Any, g: Graph, in_state: Mapping[str, DiffBox]
+             ) -> tuple[dict[str, Any], int | None]:
+    """The sample axis of every tensor of the (expanded) block graph, from the block inputs'
+    axes in the whole model (Block.sample_axes; a graph without them is the model itself: its
+    inputs' axis 0), and the number of samples."""
+    from kcverify.bounds.decompose import memo
+    from kcverify.models.blocks import sample_axes
+
+    given = tuple(getattr(block, "sample_axes", ()) or ())
+    inputs = dict(given) if given else None
+    axes = memo(g, ("sample-axes", given), lambda: sample_axes(g, inputs))
+    sizes = [d.shape[a] for name, d in in_state.items()
+             if isinstance(a := axes.get(name), int) and not isinstance(a, bool)
+             and a < len(d.shape)]
+    return axes, (max(sizes) if sizes else None)
 
 
 MAX_LINEAR_VARS = 2048

@@ -62,7 +62,7 @@ def _drift(graph: Graph, pair: tuple[Realization, Realization], feeds: dict[str,
 
     outs = []
     for real in pair:
-        ex = Executor(graph, device=device, dtype=torch.float64, arithmetic=real)
+        ex = Executor(graph, device=device, dtype=torch.float64, arithmetic=real.bind(graph))
         outs.append(ex.run(feeds))
     best = None
     for v in graph.outputs:

@@ -36,7 +36,6 @@ import torch
 
 from kcverify.bounds.box import U64, Box, Concrete, imatmul, mag, pad_hi, pad_lo
 from kcverify.bounds.registry import RuleCtx
-from kcverify.kernels.formats import gamma
 
 LINEAR_RULES: dict[str, Callable[..., Any]] = {}
 
@@ -218,7 +217,7 @@ def _mul_const(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
 @linear_rule("Gemm", "MatMul")
 def _gemm(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
     """y_k = (x_k + c_k) Q_k(W) + acc_k + rnd_k [+ bias]; the drift's form per the module doc."""
-    from kcverify.bounds.rules.linear import _operand
+    from kcverify.bounds.rules.linear import _operand, accumulation_error, operand_scales
 
     node = ctx.node
     if node.op_type == "Gemm" and (int(ctx.attr("transA", 0)) or float(ctx.attr("alpha", 1.0)) != 1.0
@@ -246,7 +245,9 @@ def _gemm(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
         y = _matmul_form(g, Q)
         magn = mag(lo + torch.minimum(c_lo, torch.zeros_like(c_lo)),
                    hi + torch.maximum(c_hi, torch.zeros_like(c_hi))) @ Q.abs()
-        acc = gamma(n, spec.accumulate.u) * magn
+        sx = operand_scales(ctx, spec, xo, lo, hi, False, "left", -2, -1)
+        sw = operand_scales(ctx, spec, w, wlo, whi, True, "right", -1, -2)
+        acc = accumulation_error(spec, n, magn, sx[0] * sw[0], sx[1] * sw[1])
         p_lo, p_hi = y.bounds()  # the product before any bias: what is rounded
         _, _, rnd = ctx.round(spec, "mul", p_lo - acc, p_hi + acc, steps=2)
         e = pad_hi(acc + rnd)

@@ -11,7 +11,7 @@ Ops evaluated exactly when every input is concrete live in ``CONCRETE_OPS`` (sha
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,10 +72,22 @@ class RuleCtx:
     constants: set[str]
     opset: int = 17
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    # the sample axis of every tensor (kcverify.models.blocks.sample_axes) and the number of
+    # samples; without them a dynamic per-sample scale ranges over the whole operand's amax
+    sample_axes: Mapping[str, Any] | None = None
+    batch: int | None = None
 
     @property
     def kernels(self) -> tuple[KernelSpec, KernelSpec]:
         return (self.train, self.inf)
+
+    def sample_axis(self, index: int) -> Any:
+        """The sample axis of the node's input ``index`` (an axis, None: the same for every
+        sample, or "unknown")."""
+        name = self.node.inputs[index] if index < len(self.node.inputs) else ""
+        if self.sample_axes is None or not name:
+            return "unknown"
+        return self.sample_axes.get(name, "unknown")
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.node.attrs.get(name, default)

@@ -45,7 +45,6 @@ import torch
 
 from kcverify.bounds.box import Box, Concrete, mag, pad_hi, pad_lo
 from kcverify.bounds.registry import RuleCtx
-from kcverify.kernels.formats import gamma
 from kcverify.kernels.spec import KernelSpec
 
 U64 = 2.0**-53
@@ -794,13 +793,14 @@ def _next_up(q: torch.Tensor, fmt: Any) -> torch.Tensor:
     return torch.where(q >= 0, q + up, q + down)
 
 
-def _cast_plan(spec: KernelSpec, cs: Any, lo: torch.Tensor, hi: torch.Tensor, side: str):
+def _cast_plan(ctx: RuleCtx, spec: KernelSpec, cs: Any, lo: torch.Tensor, hi: torch.Tensor,
+               side: str, sample_axis: Any):
     """For a round-to-nearest float cast with no / static / dynamic per-tensor or per-token
     scale: the scale interval [s_lo, s_hi] (broadcastable, s_lo > 0) and a function mapping a
     value interval to the quotient's rounded endpoints (q_lo, q_hi), exactly as
     casts.cast_image encloses them; None for other casts."""
     from kcverify.bounds.box import imul
-    from kcverify.bounds.casts import SCALE_SLACK, _group_amax, rne, scale_of
+    from kcverify.bounds.casts import SCALE_SLACK, activation_scale_bounds, rne
 
     fmt = cs.format
     if spec.rounding != "nearest" or fmt.kind != "float":
@@ -809,12 +809,8 @@ def _cast_plan(spec: KernelSpec, cs: Any, lo: torch.Tensor, hi: torch.Tensor, si
     if cs.scale in ("none", "static"):
         v = 1.0 if cs.scale == "none" else float(cs.value or 1.0)
         s_lo = s_hi = torch.full((), v, dtype=F64, device=lo.device)
-    elif cs.scale == "dynamic_per_tensor":
-        dims = tuple(range(1, lo.dim())) if lo.dim() > 1 else (0,)
-        s_lo, s_hi = scale_of(*_group_amax(lo, hi, dims), fmt)
-    elif cs.scale == "dynamic_per_token":
-        kdim = lo.dim() - 1 if side == "left" else lo.dim() - 2
-        s_lo, s_hi = scale_of(*_group_amax(lo, hi, (kdim,)), fmt)
+    elif cs.scale in ("dynamic_per_tensor", "dynamic_per_token"):
+        s_lo, s_hi = activation_scale_bounds(lo, hi, cs, side, sample_axis, ctx.batch)
     else:
         return None
     if not bool((s_lo > 0).all()):
@@ -847,8 +843,9 @@ def _scaled(s_lo: torch.Tensor, s_hi: torch.Tensor, q1: torch.Tensor, q2: torch.
 
 
 def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Box | None,
-                  k: int, weight: bool, side: str, out_axis: int, k_axis: int
-                  ) -> tuple[Form | torch.Tensor, torch.Tensor, torch.Tensor]:
+                  k: int, weight: bool, side: str, out_axis: int, k_axis: int,
+                  sample_axis: Any = None
+                  ) -> tuple[Form | torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
     """Kernel k's cast operand: a form (or an exact constant tensor), and its value bounds.
 
     Per element, the form with the least new noise among: x + e (keeps x's symbols, e the cast
@@ -857,23 +854,27 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
     x depends on a binary symbol, the image of each of its two branches (the cast is then an
     exact function of that symbol, so one flipped rounding upstream does not make every
     rounding downstream free)."""
-    from kcverify.bounds.rules.linear import _operand
+    from kcverify.bounds.rules.linear import _operand, operand_scales
 
     if isinstance(s, Concrete):
         lo = hi = s.value.to(ctx.device, F64)
-        q_lo, q_hi, _, _ = _operand(ctx, spec, s, lo, hi, weight, side, out_axis, k_axis)
+        q_lo, q_hi, _, _ = _operand(ctx, spec, s, lo, hi, weight, side, out_axis, k_axis,
+                                    sample_axis)
+        sc = operand_scales(ctx, spec, s, lo, hi, weight, side, out_axis, k_axis, sample_axis)
         if bool((q_lo == q_hi).all()):
-            return q_lo, q_lo, q_hi
+            return q_lo, q_lo, q_hi, sc
         mid = 0.5 * q_lo + 0.5 * q_hi
-        return const_form(mid, pad_hi(torch.maximum(q_hi - mid, mid - q_lo))), q_lo, q_hi
+        return const_form(mid, pad_hi(torch.maximum(q_hi - mid, mid - q_lo))), q_lo, q_hi, sc
     f = s.forms()[k]
     lo, hi = in_bounds(s, box, k)
-    c_lo, c_hi, e_lo, e_hi = _operand(ctx, spec, box if box is not None else s, lo, hi, weight,
-                                      side, out_axis, k_axis)
+    x = box if box is not None else s
+    c_lo, c_hi, e_lo, e_hi = _operand(ctx, spec, x, lo, hi, weight, side, out_axis, k_axis,
+                                      sample_axis)
+    sc = operand_scales(ctx, spec, x, lo, hi, weight, side, out_axis, k_axis, sample_axis)
     if not (bool(torch.isfinite(c_lo).all()) and bool(torch.isfinite(c_hi).all())):
         raise _NoForm
     if bool((e_lo == 0).all()) and bool((e_hi == 0).all()):
-        return f, lo, hi
+        return f, lo, hi, sc
     e_mid = 0.5 * e_lo + 0.5 * e_hi
     e_hw = pad_hi(torch.maximum(e_hi - e_mid, e_mid - e_lo))
     i_mid = 0.5 * c_lo + 0.5 * c_hi
@@ -882,7 +883,8 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
     # options: 0 = x + e, 1 = image box, 2 = point / binary image, 3 = branches of a binary symbol
     noise = [e_hw, i_hw, inf, inf]
     cs = spec.weights if weight else spec.activations
-    plan = _cast_plan(spec, cs, lo, hi, side) if cs is not None and not weight else None
+    plan = (_cast_plan(ctx, spec, cs, lo, hi, side, sample_axis)
+            if cs is not None and not weight else None)
     deq = spec.accumulate.u
     G_branch = None
     if plan is not None:
@@ -923,18 +925,21 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
         new = (best == 2) & adj
         if bool(new.any()):
             out = zt.binary_symbols(out, torch.where(new, g2, torch.zeros_like(g2)))
-    return out, c_lo, c_hi
+    return out, c_lo, c_hi, sc
 
 
 def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
-                 box_b: Box | None, aw: bool, bw: bool) -> ZState | None:
-    """(cast A) @ (cast B) for both kernels, accumulated in any order and rounded."""
+                 box_b: Box | None, aw: bool, bw: bool, axes: tuple) -> ZState | None:
+    """(cast A) @ (cast B) for both kernels, accumulated in any order and rounded (the
+    accumulation enclosure of rules/linear.py). ``axes``: the operands' sample axes."""
+    from kcverify.bounds.rules.linear import accumulation_error
+
     a = zt.symbolize(a) if isinstance(a, ZState) else a
     b = zt.symbolize(b) if isinstance(b, ZState) else b
     out = []
     for k, spec in enumerate(ctx.kernels):
-        fa, a_lo, a_hi = _cast_operand(zt, ctx, spec, a, box_a, k, aw, "left", -2, -1)
-        fb, b_lo, b_hi = _cast_operand(zt, ctx, spec, b, box_b, k, bw, "right", -1, -2)
+        fa, a_lo, a_hi, sa = _cast_operand(zt, ctx, spec, a, box_a, k, aw, "left", -2, -1, axes[0])
+        fb, b_lo, b_hi, sb = _cast_operand(zt, ctx, spec, b, box_b, k, bw, "right", -1, -2, axes[1])
         if isinstance(fa, torch.Tensor) and isinstance(fb, torch.Tensor):
             return None
         # the cast errors as symbols: one straddled rounding moves a whole row/column together
@@ -947,7 +952,8 @@ def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
         else:
             y = f_matmul(fa, fb)
         n = a_lo.shape[-1]
-        acc = gamma(n, spec.accumulate.u) * (mag(a_lo, a_hi) @ mag(b_lo, b_hi))
+        acc = accumulation_error(spec, n, mag(a_lo, a_hi) @ mag(b_lo, b_hi), sa[0] * sb[0],
+                                 sa[1] * sb[1])
         acc = pad_hi(acc * (1 + (n + 4) * U64)) + TINY
         y = _add_err(y, acc)
         y = _round(ctx, spec, "mul", y, steps=2)
@@ -969,7 +975,8 @@ def _matmul_rule(zt, ctx, states, boxes, results):
     if any(isinstance(s, ZState) and s.t.c.dim() < 2 for s in (a, b)):
         return None
     (a, b), (aw, bw) = _weights_raw(zt, ctx, [a, b])
-    return _matmul_core(zt, ctx, a, b, boxes[0], boxes[1], aw, bw)
+    return _matmul_core(zt, ctx, a, b, boxes[0], boxes[1], aw, bw,
+                        (ctx.sample_axis(0), ctx.sample_axis(1)))
 
 
 def _transposed(x: Any) -> Any:
@@ -998,7 +1005,9 @@ def _gemm(zt, ctx, states, boxes, results):
         a, box_a = _transposed(a), _transposed(box_a)
     if tb:
         b, box_b = _transposed(b), _transposed(box_b)
-    y = _matmul_core(zt, ctx, a, b, box_a, box_b, aw, bw)
+    axes = tuple(1 - x if flag and isinstance(x, int) and not isinstance(x, bool) else x
+                 for x, flag in ((ctx.sample_axis(0), ta), (ctx.sample_axis(1), tb)))
+    y = _matmul_core(zt, ctx, a, b, box_a, box_b, aw, bw, axes)
     if y is None:
         return None
     out = []

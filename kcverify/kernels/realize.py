@@ -16,12 +16,17 @@ transformations, so every rounding below is a single correct rounding):
   through at most n roundings, so |acc - sum| <= gamma_n * sum |a_i b_i|. (When every term is
   already a value of an fp32 / bf16 / fp16 accumulator, torch's own additions in that dtype do
   the same correctly rounded sums faster; the tests check the two paths agree bit for bit.)
-* Scales constant along the reduction axis factor out: with s_a s_b = m * 2^e (m in [0.5, 1)),
-  the products enter the accumulator scaled by 2^e (exact, and the accumulator sees the true
-  magnitudes, so it overflows only where the scaled sum would), and the result is
-  fl_compute(m * acc), one rounding of the exact product. With per-block scales each block's
-  partial sum is promoted as fl_acc(m * p_block) and the blocks are summed in the accumulator
-  format (still at most n roundings per product), then rounded to the compute format.
+* The accumulator receives the *unscaled* products q_a q_b (kcverify/kernels/spec.py; what FP8
+  GEMMs do): scales constant along the reduction axis factor out and the result is
+  fl_compute(s_a s_b * acc), one rounding of the exact product (so an fp16 accumulator overflows
+  where the unscaled sum passes 65504). With per-block scales each block's partial sum is
+  promoted as fl_acc(s_a s_b * p_block) and the blocks are summed in the accumulator format
+  (still at most n roundings per product), then rounded to the compute format.
+* A dynamic per-sample (``dynamic_per_tensor``) scale groups each operand by its sample axis:
+  ``sample_axes`` (tensor name -> axis, kcverify.models.blocks.sample_axes; ``bind(graph)`` or
+  ``run_kernel`` computes it), so a per-sample scale is realized on any layout (seq-first
+  attention included); without it, axis 0. An operand whose sample axis is unknown is one group
+  (exact when the batch holds one sample).
 * ``reduce_sum(node, x, dims)``: the row sums inside Softmax, LayerNormalization and ReduceSum
   (the executor's OpContext.row_sum) are accumulated like a dot product's terms, in the
   accumulator format in the realization's order, then stored in the compute format ("reduce").
@@ -94,7 +99,8 @@ class Realization:
     """One concrete program conforming to ``spec`` (an Arithmetic; see the module doc)."""
 
     def __init__(self, spec: KernelSpec, seed: int = 0, order: str = "sequential",
-                 chunk: int | None = None, rounding: str = "nearest", native: bool = True) -> None:
+                 chunk: int | None = None, rounding: str = "nearest", native: bool = True,
+                 sample_axes: Mapping[str, Any] | None = None) -> None:
         if order not in ORDERS:
             raise KernelSpecError(f"unknown accumulation order {order!r}; expected one of {', '.join(ORDERS)}")
         if rounding not in ROUNDINGS:
@@ -108,6 +114,24 @@ class Realization:
         self.rounding = rounding
         self.native = native  # use torch's own fp32/bf16/fp16 additions where they are exact
         self._weights: dict[tuple[str, int], tuple[torch.Tensor, _Operand]] = {}
+        self.sample_axes = sample_axes
+
+    def bind(self, graph: Graph) -> Realization:
+        """Take the sample axis of every tensor of ``graph`` (per-sample scales on any layout)."""
+        from kcverify.models.blocks import sample_axes
+
+        self.sample_axes = sample_axes(graph)
+        return self
+
+    def _sample_axis(self, node: Node, idx: int) -> Any:
+        if self.sample_axes is None:
+            return 0
+        name = node.inputs[idx] if idx < len(node.inputs) else ""
+        a = self.sample_axes.get(name, "unknown")
+        if node.op_type == "Gemm" and isinstance(a, int) and not isinstance(a, bool) \
+                and int(node.attrs.get("transA" if idx == 0 else "transB", 0)):
+            a = 1 - a  # the executor hands the transposed operand
+        return a
 
     def __repr__(self) -> str:
         return (f"Realization({self.spec.name!r}, seed={self.seed}, order={self.order!r}, "
@@ -124,7 +148,8 @@ class Realization:
             op = self._cast_weight(x, self.spec.weights, out_axis, reduce_axis)
             self._weights[(node.name, idx)] = (x, op)
             return op
-        return self._cast_activation(node, x, self.spec.activations, reduce_axis)
+        return self._cast_activation(node, x, self.spec.activations, reduce_axis,
+                                     self._sample_axis(node, 0 if side == "left" else 1))
 
     def _cast_weight(self, w: torch.Tensor, cast: CastSpec | None, out_axis: int,
                      reduce_axis: int) -> _Operand:
@@ -134,10 +159,10 @@ class Realization:
         return _Operand(cast_grid(w, cast.format, s), s, _block(cast))
 
     def _cast_activation(self, node: Node, x: torch.Tensor, cast: CastSpec | None,
-                         reduce_axis: int) -> _Operand:
+                         reduce_axis: int, sample_axis: Any = 0) -> _Operand:
         if cast is None:
             return _Operand(round_to_format(x, self.spec.compute), _ones(x), None)
-        s = activation_scale(x, cast, reduce_axis)
+        s = activation_scale(x, cast, reduce_axis, sample_axis)
         mode = self.rounding if self.spec.rounding == "any" else "nearest"
         gen = _seeded(self.seed, node.name, "cast", str(reduce_axis)) if mode == "random" else None
         return _Operand(cast_grid(x, cast.format, s, mode, generator=gen), s, _block(cast))
@@ -300,15 +325,13 @@ class Realization:
             cb = sb[..., k0 if sb.shape[-2] > 1 else 0, :][..., None, :]
             return ca * cb
 
-        if len(bounds) == 2:
-            mant, pow2 = _split_scale(scale_at(0))
-            acc = self._accumulate(terms * pow2[..., None], plans, gen)
-            return mul_nearest(mant.expand_as(acc), acc, comp)
+        if len(bounds) == 2:  # unscaled products, then one rounding of s_a s_b * acc
+            acc = self._accumulate(terms, plans, gen)
+            return mul_nearest(scale_at(0).expand_as(acc), acc, comp)
         parts = []
         for k0, k1 in zip(bounds[:-1], bounds[1:]):
-            mant, pow2 = _split_scale(scale_at(k0))
-            p = self._accumulate(terms[..., k0:k1] * pow2[..., None], plans, gen)
-            parts.append(mul_nearest(mant.expand_as(p), p, acc_fmt))
+            p = self._accumulate(terms[..., k0:k1], plans, gen)
+            parts.append(mul_nearest(scale_at(k0).expand_as(p), p, acc_fmt))
         total = self._accumulate(torch.stack(parts, dim=-1), plans, gen)
         return round_to_format(total, comp)
 
@@ -375,13 +398,6 @@ class _Adder:
 
     def add(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a + b if self.dtype is not None else add_nearest(a, b, self.fmt)
-
-
-def _split_scale(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """sc = mant * pow2 with pow2 a power of two and mant in [0.5, 1), both exact."""
-    _, e = torch.frexp(sc)
-    pow2 = torch.ldexp(torch.ones_like(sc), e)
-    return sc / pow2, pow2
 
 
 def _ones(x: torch.Tensor) -> torch.Tensor:
@@ -462,5 +478,6 @@ def run_kernel(graph: Graph, spec: KernelSpec, feeds: Mapping[str, Any], device:
         path = spec.onnx if base_dir is None else os.path.join(os.fspath(base_dir), spec.onnx)
         graph = load_onnx(path)
         spec = explicit_cast_spec(spec)
-    ex = Executor(graph, device=device, dtype=dtype, arithmetic=Realization(spec, **choices))
+    ex = Executor(graph, device=device, dtype=dtype,
+                  arithmetic=Realization(spec, **choices).bind(graph))
     return ex.run(dict(feeds))

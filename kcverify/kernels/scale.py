@@ -1,8 +1,10 @@
 """Scales of the casts of DESIGN 1.1 and the exact quantization of weights and activations.
 
-A scale is s = fl32(amax / max_finite) (qmax for int formats) over its group, stored as a float32
-number the way kernels store it (see kcverify.kernels.cast for why float32 scales keep the cast
-exact); an all-zero group gets s = 1; a static scale is fl32(value); no scale is s = 1.
+A scale is s = fl32(max(amax, floor) / max_finite) (qmax for int formats) over its group, the
+float32 quotient of the float32 amax clamped to the spec's floor (CastSpec.floor, default 1e-12),
+stored as a float32 number the way kernels store it (see kcverify.kernels.cast for why float32
+scales keep the cast exact): always a normal float32 number, so an all-zero or subnormal group
+never divides by zero; a static scale is fl32(value); no scale is s = 1.
 
 Groups, for a MatMul operand with reduction axis r (A's last axis, B's axis -2):
 
@@ -11,12 +13,16 @@ weights      per_tensor   the whole tensor
                           a constant left operand A (M, K): -2; a Conv weight (O, I, ...): 0)
              per_block    block_size consecutive entries along r, separately for every index of
                           the other axes (group-wise quantization: per output feature and block)
-activations  dynamic_per_tensor  per sample: all axes but 0 (the batch axis)
+activations  dynamic_per_tensor  per sample: all axes but the operand's sample axis (axis 0 of
+                                 the model's inputs, tracked through the graph:
+                                 kcverify.models.blocks.sample_axes); an operand with no
+                                 sample axis, or an unknown one, is one group (exact when the
+                                 batch holds one sample)
              dynamic_per_token   one scale per row of A / column of B: amax along r
              dynamic_per_block   block_size consecutive entries along r, per every other index
 
-Every dynamic group lies inside one sample (one index of axis 0), so a sample's scales never
-depend on the rest of the batch. Scales come back broadcastable to the tensor: size 1 along the
+Every dynamic group lies inside one sample (one index of the sample axis), so a sample's scales
+never depend on the rest of the batch. Scales come back broadcastable to the tensor: size 1 along the
 axes a scale is shared by; per-block scales are expanded to the full length of r.
 """
 
@@ -36,10 +42,10 @@ def _max_step(cast: CastSpec) -> float:
 
 
 def scale_from_amax(amax: torch.Tensor, cast: CastSpec) -> torch.Tensor:
-    """s = fl32(amax / max_finite); an all-zero group (amax = 0) gets s = 1. float64 result."""
-    amax = amax.to(_F64)
-    s = (amax / _max_step(cast)).to(torch.float32).to(_F64)
-    return torch.where(amax == 0, torch.ones_like(s), s)
+    """s = fl32(max(amax, floor) / max_finite): one float32 division of the float32 amax, as a
+    kernel computes it. float64 result."""
+    a = torch.clamp(amax.to(_F64), min=cast.floor).to(torch.float32)
+    return (a / torch.tensor(_max_step(cast), dtype=torch.float32, device=a.device)).to(_F64)
 
 
 def _ones(x: torch.Tensor) -> torch.Tensor:
@@ -96,8 +102,10 @@ def weight_scale(w: torch.Tensor, cast: CastSpec, out_axis: int = -1,
     raise KernelSpecError(f"unknown weights scaling {cast.scale!r}")
 
 
-def activation_scale(x: torch.Tensor, cast: CastSpec, reduce_axis: int = -1) -> torch.Tensor:
-    """The activation scales of ``cast`` for x (see module doc), broadcastable to x, float64."""
+def activation_scale(x: torch.Tensor, cast: CastSpec, reduce_axis: int = -1,
+                     sample_axis: int | str | None = 0) -> torch.Tensor:
+    """The activation scales of ``cast`` for x (see module doc), broadcastable to x, float64.
+    ``sample_axis``: x's sample axis (None: none; "unknown": one group for all of x)."""
     if cast.scale == "none":
         return _ones(x)
     if cast.scale == "static":
@@ -106,7 +114,9 @@ def activation_scale(x: torch.Tensor, cast: CastSpec, reduce_axis: int = -1) -> 
     if x.dim() <= 1 and cast.scale == "dynamic_per_tensor":
         return scale_from_amax(_amax_except(x, ()), cast)
     if cast.scale == "dynamic_per_tensor":
-        return scale_from_amax(_amax_except(x, (0,)), cast)
+        if isinstance(sample_axis, int) and not isinstance(sample_axis, bool):
+            return scale_from_amax(_amax_except(x, (_axis(x, sample_axis, "sample axis"),)), cast)
+        return scale_from_amax(_amax_except(x, ()), cast)
     r = _axis(x, reduce_axis, f"{cast.scale} activation scale")
     if cast.scale == "dynamic_per_token":
         return scale_from_amax(x.to(_F64).abs().amax(dim=r, keepdim=True), cast)
@@ -124,7 +134,8 @@ def quantize_weight(w: torch.Tensor, cast: CastSpec, out_axis: int = -1,
 
 def quantize_activation(x: torch.Tensor, cast: CastSpec, reduce_axis: int = -1,
                         rounding: str = "nearest",
-                        generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        generator: torch.Generator | None = None,
+                        sample_axis: int | str | None = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(Q(x), scales) for an activation, exact, float64; ``rounding`` as in cast_to."""
-    s = activation_scale(x, cast, reduce_axis)
+    s = activation_scale(x, cast, reduce_axis, sample_axis)
     return cast_grid(x, cast.format, s, rounding, generator=generator) * s, s

@@ -7,8 +7,18 @@ Pure Python (the DSL imports this). The semantics a spec fixes, for every progra
   format's eta below the normal range); +, -, *, / are correctly rounded (1 ulp = u);
 * a MatMul / Gemm / Conv casts its constant inputs by ``weights`` and its non-constant inputs by
   ``activations`` (when given; otherwise they stay in ``compute`` format), multiplies exactly and
-  accumulates in ``accumulate`` format in any order (error <= gamma_n * sum |a_i b_i|), then
-  rescales and rounds the result to ``compute`` format;
+  accumulates in ``accumulate`` format in any order (error <= gamma_n * sum |a_i b_i| plus
+  n eta_acc s_a s_b), then rescales and rounds the result to ``compute`` format (two roundings);
+* a scale computed from amax is s = fl32(max(amax, floor) / max_finite) (qmax for integer
+  formats), floor = ``amax_floor`` (default DEFAULT_AMAX_FLOOR = 1e-12, torchao's clamp): a normal
+  float32 number, never 0 or subnormal (a subnormal amax / 448 would make 0/0 = NaN or a scale
+  off by 1e-2 relative);
+* a MatMul accumulates the *unscaled* products q_a q_b of the cast values (format values,
+  integer steps for int formats; operands without a cast: their compute-format values, s = 1)
+  in the accumulator format, in any order; with per-block scales each block's partial sum is
+  multiplied by its scales (one rounding in the accumulator) and the blocks summed there. So an
+  accumulator that can overflow (fp16: 448^2 > 65504) makes the bound infinite, and the
+  underflow of every rounding is an absolute eta_acc (times the scales) per term;
 * casts round to nearest-even unless ``rounding: any`` (then any neighbour of the exact value);
 * every sum over a tensor's elements - a standalone ReduceSum / ReduceMean, and the row sums
   inside normalising ops (Softmax's sum of exps, LayerNormalization's mean and variance) - is a
@@ -52,6 +62,16 @@ def _nowhere(_path: tuple[str, ...]) -> tuple[str | None, int | None, int | None
     return (None, None, None)
 
 
+# The floor a real kernel clamps amax to before it divides (torchao's float8 EPS): a scale is
+# s = fl32(max(amax, floor) / max_finite), a normal float32 number for every amax, so a conforming
+# program never divides by a zero or subnormal scale (0/0 = NaN) and the scale's own rounding is
+# relative. A spec may state another floor (``amax_floor``).
+DEFAULT_AMAX_FLOOR = 1e-12
+_MIN_NORMAL_FP32 = 2.0**-126
+AMAX_SCALES = ("per_tensor", "per_channel", "per_block", "dynamic_per_tensor", "dynamic_per_token",
+               "dynamic_per_block")
+
+
 @dataclass(frozen=True)
 class CastSpec:
     """How one tensor role (weights or activations) is cast before a MatMul/Gemm/Conv."""
@@ -60,6 +80,12 @@ class CastSpec:
     scale: str = "none"
     block_size: int | None = None
     value: float | None = None  # the scale itself, for ``static`` (a float32 value)
+    amax_floor: float | None = None  # None: DEFAULT_AMAX_FLOOR (a float32 value when given)
+
+    @property
+    def floor(self) -> float:
+        """The amax floor as the float32 number kernels use."""
+        return _fl32(DEFAULT_AMAX_FLOOR if self.amax_floor is None else self.amax_floor)
 
     def canonical(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": self.format.name, "scale": self.scale}
@@ -67,6 +93,8 @@ class CastSpec:
             out["block_size"] = self.block_size
         if self.value is not None:
             out["value"] = float(self.value).hex()
+        if self.amax_floor is not None:
+            out["amax_floor"] = float(self.amax_floor).hex()
         return out
 
 
@@ -120,7 +148,7 @@ def _cast(raw: Any, role: str, locate: Locate, path: tuple[str, ...]) -> CastSpe
         raw = {"format": raw}
     if not isinstance(raw, Mapping):
         raise _fail(locate, path, f"kernel {role} must be a mapping with 'format' and 'scale'")
-    allowed = {"format", "scale", "block_size", "value"}
+    allowed = {"format", "scale", "block_size", "value", "amax_floor"}
     for key in raw:
         if key not in allowed:
             raise _fail(locate, (*path, str(key)),
@@ -151,12 +179,25 @@ def _cast(raw: Any, role: str, locate: Locate, path: tuple[str, ...]) -> CastSpe
             raise _fail(locate, (*path, "value"), "a static scale must be a positive float32")
     elif value is not None:
         raise _fail(locate, (*path, "value"), f"'value' is only for a static scale, not {scale!r}")
+    floor = raw.get("amax_floor")
+    if floor is not None:
+        if scale not in AMAX_SCALES:
+            raise _fail(locate, (*path, "amax_floor"),
+                        f"'amax_floor' is for scales computed from amax, not {scale!r}")
+        if not isinstance(floor, int | float) or isinstance(floor, bool) or not floor > 0:
+            raise _fail(locate, (*path, "amax_floor"), "amax_floor must be a positive number")
+        floor = _fl32(float(floor))
+        qmax = fmt.max_finite
+        if not floor / qmax >= _MIN_NORMAL_FP32 or floor == float("inf"):
+            raise _fail(locate, (*path, "amax_floor"),
+                        f"amax_floor / {qmax:g} must be a normal float32 number "
+                        f"(amax_floor >= {qmax * _MIN_NORMAL_FP32:.3g})")
     if fmt.kind == "int" and role == "activations":
         raise _fail(locate, (*path, "format"),
                     f"integer format {fmt.name!r} is supported for weights only (weight-only quantization)")
     if fmt.kind == "int" and scale == "none":
         raise _fail(locate, (*path, "scale"), f"integer format {fmt.name!r} needs a scale")
-    return CastSpec(fmt, scale, block, value)
+    return CastSpec(fmt, scale, block, value, floor)
 
 
 def _fl32(x: float) -> float:

@@ -21,7 +21,7 @@ blocks' outputs, reproduces the model exactly (same ops on the same values).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -46,6 +46,9 @@ class Block:
     digest: str
     stream_in: str | None = None  # the cut tensor the block starts from (None: model inputs)
     stream_out: str | None = None  # the cut tensor it ends at (None: no single tensor)
+    # the sample axis of each block input in the whole model (sample_axes): a block alone
+    # cannot tell which axis of an intermediate tensor is the sample
+    sample_axes: tuple[tuple[str, int | str | None], ...] = ()
 
     @property
     def num_nodes(self) -> int:
@@ -154,7 +157,14 @@ def _group(segs: list[list[Node]], stream: set[str]) -> list[tuple[str, str, int
 
 
 def segment(graph: Graph) -> list[Block]:
-    """The model's blocks, in order (see the module docstring)."""
+    """The model's blocks, in order (see the module docstring), each with the sample axes of its
+    inputs in the whole model."""
+    axes = sample_axes(graph)
+    return [replace(b, sample_axes=tuple((i, axes.get(i, UNKNOWN)) for i in b.inputs))
+            for b in _segment(graph)]
+
+
+def _segment(graph: Graph) -> list[Block]:
     const = graph.constant_names()
     producers = graph.producers()
     dynamic = [n for n in graph.nodes if not all((not o) or o in const for o in n.outputs)]
@@ -252,3 +262,224 @@ def run_blocks(blocks: list[Block], feeds: dict, executor_factory=None) -> dict:
         outs = make(block.graph).run({k: env[k] for k in block.inputs})
         env.update(outs)
     return env
+
+
+# --- the sample axis of every tensor (DESIGN 1.1: "the sample axis comes from the model's
+# inputs and is tracked through the graph") ------------------------------------------------
+UNKNOWN = "unknown"
+SampleAxis = int | str | None  # an axis; None: no sample axis (the same for every sample); UNKNOWN
+
+_SAME = frozenset({
+    "Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "Gelu", "Softplus", "HardSigmoid", "Clip",
+    "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf", "Cast", "CastLike", "Identity",
+    "Dropout", "Not", "Sign", "Floor", "Ceil", "Round", "IsNaN", "IsInf", "Trilu", "Elu", "Selu",
+    "Mish", "HardSwish", "Sin", "Cos", "QuantizeLinear", "DequantizeLinear", "Split", "Slice"})
+_BROADCAST = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Sum", "Mean", "Equal", "Less",
+    "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "Expand", "BitShift"})
+_NORM_LAST = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization"})
+_REDUCE = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
+                     "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp"})
+
+
+def _dims(graph: Graph, name: str) -> tuple | None:
+    shape = graph.info(name).shape
+    return None if shape is None else tuple(shape)
+
+
+def _rank(graph: Graph, name: str) -> int | None:
+    d = _dims(graph, name)
+    return None if d is None else len(d)
+
+
+def _merge(axes: list[SampleAxis]) -> SampleAxis:
+    """The output's axis from its inputs' (already moved to the output's rank)."""
+    known = [a for a in axes if a is not None]
+    if not known:
+        return None
+    if any(a == UNKNOWN for a in known) or len(set(known)) > 1:
+        return UNKNOWN
+    return known[0]
+
+
+def _prefix(dims: tuple, k: int) -> tuple | None:
+    """The product of dims[:k] as (int factor, sorted symbols), None if a dim is unknown."""
+    f, syms = 1, []
+    for d in dims[:k]:
+        if isinstance(d, int):
+            f *= d
+        elif isinstance(d, str) and d:
+            syms.append(d)
+        else:
+            return None
+    return f, tuple(sorted(syms))
+
+
+def _reshaped(src: tuple | None, dst: tuple | None, a: int) -> SampleAxis:
+    """The sample axis after a reshape from ``src`` to ``dst``: the axis j with the same size and
+    the same product of the axes before it (then the sample's elements are the same)."""
+    if src is None or dst is None:
+        return UNKNOWN
+    pre = _prefix(src, a)
+    if pre is None:
+        return UNKNOWN
+    hits = [j for j in range(len(dst)) if dst[j] == src[a] and _prefix(dst, j) == pre]
+    return hits[0] if len(hits) == 1 else UNKNOWN
+
+
+def _attr_ints(node: Node, key: str) -> list[int] | None:
+    v = node.attrs.get(key)
+    return None if v is None else [int(x) for x in np.asarray(v).reshape(-1)]
+
+
+def _const_ints(graph: Graph, name: str | None) -> list[int] | None:
+    if not name or name not in graph.initializers:
+        for n in graph.nodes:
+            if name and n.op_type == "Constant" and n.outputs and n.outputs[0] == name:
+                v = n.attrs.get("value")
+                return None if v is None else [int(x) for x in np.asarray(v).reshape(-1)]
+        return None
+    return [int(x) for x in np.asarray(graph.initializers[name]).reshape(-1)]
+
+
+def _node_axis(graph: Graph, n: Node, axes: dict[str, SampleAxis], out: str) -> SampleAxis:
+    ins = [i for i in n.inputs if i]
+    if all(axes.get(i) is None for i in ins):
+        return None
+    r_out = _rank(graph, out)
+    op = n.op_type
+    x0 = n.inputs[0] if n.inputs else ""
+    a0 = axes.get(x0)
+    r0 = _rank(graph, x0) if x0 else None
+    if op in ("Shape", "Size"):
+        return None
+    if op in _NORM_LAST:
+        if isinstance(a0, int):
+            if r0 is None:
+                return UNKNOWN
+            coerced = op in ("Softmax", "LogSoftmax") and opset_of(graph) < 13
+            ax = int(n.attrs.get("axis", 1 if coerced else -1)) % r0
+            normalised = range(ax, r0) if (coerced or op not in ("Softmax", "LogSoftmax")) else (ax,)
+            if a0 in normalised:
+                return UNKNOWN  # the op mixes samples
+        return _merge([a0] + [None if axes.get(i) is None else UNKNOWN for i in ins[1:]])
+    if op in _SAME:
+        return _merge([a0] + [None if axes.get(i) is None else UNKNOWN for i in ins[1:]])
+    if op in _BROADCAST:
+        if r_out is None:
+            return UNKNOWN
+        moved: list[SampleAxis] = []
+        for i in ins:
+            a = axes.get(i)
+            r = _rank(graph, i)
+            if isinstance(a, int):
+                moved.append(UNKNOWN if r is None else a + (r_out - r))
+            else:
+                moved.append(a)
+        return _merge(moved)
+    if op == "Transpose":
+        if not isinstance(a0, int) or r0 is None:
+            return a0
+        perm = _attr_ints(n, "perm") or list(reversed(range(r0)))
+        return perm.index(a0)
+    if op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+        if not isinstance(a0, int):
+            return a0
+        return _reshaped(_dims(graph, x0), _dims(graph, out), a0)
+    if op in ("MatMul", "Gemm"):
+        if r_out is None:
+            return UNKNOWN
+        moved = []
+        for k, i in enumerate(n.inputs[:2]):
+            a = axes.get(i)
+            r = _rank(graph, i)
+            if not isinstance(a, int):
+                moved.append(a)
+                continue
+            if r is None:
+                moved.append(UNKNOWN)
+                continue
+            if op == "Gemm":
+                t = int(n.attrs.get("transA" if k == 0 else "transB", 0))
+                free = (1 if t else 0) if k == 0 else (0 if t else 1)
+                moved.append((0 if k == 0 else 1) if a == free else UNKNOWN)
+                continue
+            if r == 1:
+                moved.append(UNKNOWN)
+            elif k == 0:
+                moved.append(r_out - 2 if a == r - 2 else UNKNOWN if a == r - 1 else a + r_out - r)
+            else:
+                moved.append(r_out - 1 if a == r - 1 else UNKNOWN if a == r - 2 else a + r_out - r)
+        if op == "Gemm" and len(n.inputs) > 2 and n.inputs[2]:
+            c = axes.get(n.inputs[2])
+            rc = _rank(graph, n.inputs[2])
+            moved.append(c + 2 - rc if isinstance(c, int) and rc is not None else c)
+        return _merge(moved)
+    if op == "Gather":
+        g = int(n.attrs.get("axis", 0))
+        ri = _rank(graph, n.inputs[1])
+        ai = axes.get(n.inputs[1])
+        if r0 is None or ri is None:
+            return UNKNOWN
+        g %= r0
+        moved = []
+        if isinstance(a0, int):
+            moved.append(UNKNOWN if a0 == g else a0 if a0 < g else a0 - 1 + ri)
+        else:
+            moved.append(a0)
+        moved.append(ai + g if isinstance(ai, int) else ai)
+        return _merge(moved)
+    if op == "Concat":
+        c = int(n.attrs.get("axis", 0))
+        rank = r_out
+        alist = [axes.get(i) for i in ins]
+        m = _merge(alist)
+        if isinstance(m, int) and rank is not None and m == c % rank:
+            return UNKNOWN
+        return m
+    if op in _REDUCE:
+        if not isinstance(a0, int) or r0 is None:
+            return a0
+        red = _attr_ints(n, "axes")
+        if red is None and len(n.inputs) > 1:
+            red = _const_ints(graph, n.inputs[1])
+        if red is None:
+            return UNKNOWN if int(n.attrs.get("noop_with_empty_axes", 0)) == 0 else a0
+        red = sorted(x % r0 for x in red)
+        if a0 in red:
+            return UNKNOWN
+        if int(n.attrs.get("keepdims", 1)):
+            return a0
+        return a0 - sum(1 for x in red if x < a0)
+    if op == "Conv":
+        return 0 if a0 == 0 and _merge([axes.get(i) for i in ins[1:]]) is None else UNKNOWN
+    return UNKNOWN
+
+
+def opset_of(graph: Graph) -> int:
+    return int(getattr(graph, "opset", 17) or 17)
+
+
+def sample_axes(graph: Graph, inputs: dict[str, SampleAxis] | None = None) -> dict[str, SampleAxis]:
+    """The sample axis of every tensor of ``graph``: axis 0 of each float or integer graph input
+    (the batch axis, kcverify.bounds' convention), unless ``inputs`` says otherwise, tracked
+    through the ops with the graph's shapes; None for tensors that are the same for every
+    sample (constants, shapes), UNKNOWN where an op merges or mixes the sample axis (e.g. a
+    reshape that folds it into the heads)."""
+    const = graph.constant_names()
+    axes: dict[str, SampleAxis] = {c: None for c in const}
+    for v in graph.inputs:
+        if inputs is not None and v.name in inputs:
+            axes[v.name] = inputs[v.name]
+        else:
+            r = _rank(graph, v.name)
+            axes[v.name] = 0 if r is None or r > 0 else None
+    for n in graph.nodes:
+        for o in n.outputs:
+            if not o or o in const:
+                continue
+            try:
+                axes[o] = _node_axis(graph, n, axes, o)
+            except (ValueError, TypeError, IndexError):
+                axes[o] = UNKNOWN
+    return axes

@@ -4,6 +4,7 @@ hand-written references agree."""
 
 from __future__ import annotations
 
+import math
 import random
 from fractions import Fraction
 
@@ -79,6 +80,7 @@ def test_drawn_realizations_stay_within_gamma_n(name: str) -> None:
     pick = random.Random(7)
     u = sp.accumulate.u
     worst = 0.0
+    overflowed = False
     for draw in range(12):
         k = int(rng.integers(20, 70))
         a, b = _operands(rng, 3, k, 4, hard=bool(draw % 2))
@@ -87,14 +89,28 @@ def test_drawn_realizations_stay_within_gamma_n(name: str) -> None:
         qa, qb = _dequantized(sp, r, a, b)
         exact, mag = _exact_matmul(qa, qb)
         g = gamma(k, u)
+        fa = r._operand(MM, 0, a, "activations", "left")
+        sb = (quantize_weight(b, sp.weights, out_axis=-1, reduce_axis=-2)[1].numpy()
+              if sp.weights is not None else np.ones((1, 1)))
+        s_lo = (np.broadcast_to(fa.s.numpy(), qa.shape).min(axis=1, keepdims=True)
+                * np.broadcast_to(sb, qb.shape).min(axis=0, keepdims=True))
         for i in range(3):
             for j in range(4):
+                if not np.isfinite(out[i, j]):
+                    # the unscaled products overflowed the accumulator (fp16: 448 * 57344 >
+                    # 65504): allowed exactly where the bound's overflow criterion says so
+                    assert mag[i, j] * (1 + g) / s_lo[i, j] >= sp.accumulate.max_finite, (name, i, j)
+                    overflowed = True
+                    continue
                 err = abs(Fraction(float(out[i, j])) - exact[i][j])
                 allowed = Fraction(g * mag[i, j]) + Fraction(2.0**-52) * abs(exact[i][j])
                 assert err <= allowed, (name, r, i, j, float(err), float(allowed))
                 if mag[i, j] > 0:
                     worst = max(worst, float(err) / (g * mag[i, j]))
-    assert worst > 0  # the accumulator really rounds (the check is not vacuous)
+    # the accumulator really rounds (the check is not vacuous), except where every unscaled sum
+    # of fp8 products overflows fp16 (448 * 57344 > 65504: each output is inf)
+    assert worst > 0 or name == "fp16acc-fp8"
+    assert overflowed == (name == "fp16acc-fp8")
 
 
 def test_orders_and_seeds_give_different_results() -> None:
@@ -327,7 +343,9 @@ def test_native_additions_equal_the_exact_path(acc: str) -> None:
         slow = Realization(sp, seed=1, order=order, chunk=7, native=False)
         y_fast = fast.matmul(MM, a, b, "activations", "weights")
         y_slow = slow.matmul(MM, a, b, "activations", "weights")
-        assert torch.equal(y_fast, y_slow), order
+        # fp16 overflows on unscaled fp8 products: inf - inf = NaN on both paths alike
+        same = lambda t: torch.nan_to_num(t, nan=7.0, posinf=math.inf, neginf=-math.inf)  # noqa: E731
+        assert torch.equal(same(y_fast), same(y_slow)), order
     # and the native path was really taken: fp8 products are values of the format
     from kcverify.kernels.realize import _Adder
 

@@ -56,13 +56,24 @@ def test_scale_values_are_float32_amax_over_max() -> None:
     assert torch.equal(blk[30:, 3], (w[30:, 3].double().abs().max() / 448.0).float().double().expand(2))
 
 
-def test_zero_groups_get_scale_one() -> None:
+def test_zero_and_subnormal_groups_get_the_floor_scale() -> None:
+    """amax is clamped to the spec's floor (default 1e-12) before the float32 division: an
+    all-zero or subnormal group gets fl32(floor / 448), a normal float32 scale (issue 11: the
+    unclamped fl32(1e-44 / 448) is 0, and 0/0 = NaN)."""
     w = _w(8, 4)
     w[:, 2] = 0
+    w[:, 1] = 1e-44
     s = weight_scale(w, cs("per_channel"), out_axis=-1)
-    assert s[0, 2] == 1.0 and torch.all(s[0, [0, 1, 3]] != 1.0)
+    floor = float(torch.tensor(1e-12, dtype=torch.float32))
+    want = float(torch.tensor(floor, dtype=torch.float32) / torch.tensor(448.0, dtype=torch.float32))
+    assert s[0, 2] == want and s[0, 1] == want and want >= 2.0**-126
     q, _ = quantize_weight(w, cs("per_channel"), out_axis=-1)
-    assert torch.all(q[:, 2] == 0)
+    assert torch.all(q[:, 2] == 0) and torch.all(torch.isfinite(q))
+    x = torch.full((1, 4), 1e-44, dtype=torch.float64)
+    assert activation_scale(x, cs("dynamic_per_tensor")).item() == want
+    with_floor = CastSpec(get_format("fp8_e4m3"), "dynamic_per_tensor", amax_floor=2.0**-20)
+    assert activation_scale(x, with_floor).item() == float(
+        torch.tensor(2.0**-20, dtype=torch.float32) / torch.tensor(448.0, dtype=torch.float32))
 
 
 def test_activation_scale_shapes() -> None:

@@ -81,8 +81,13 @@ def realizations(spec: KernelSpec, n: int, seed: int) -> list[Realization]:
     return [_safe(r) for r in out[:n]]
 
 
-def run(graph: Graph, real: Realization, feeds: dict[str, np.ndarray], keep: bool = False
-        ) -> dict[str, torch.Tensor]:
+def run(graph: Graph, real: Realization, feeds: dict[str, np.ndarray], keep: bool = False,
+        axes: dict | None = None) -> dict[str, torch.Tensor]:
+    """Run ``real`` on ``graph`` with its per-sample scales grouped by the sample axes of the
+    graph (``axes``: the sample axes of a block's inputs in the whole model)."""
+    from kcverify.models.blocks import sample_axes
+
+    real.sample_axes = sample_axes(graph, axes)
     ex = Executor(graph, dtype=torch.float64, arithmetic=real)
     return ex.run(feeds, keep=keep)
 

@@ -1,12 +1,15 @@
-"""MatMul and Gemm under the kernel error model (DESIGN 1.1).
+"""MatMul and Gemm under the kernel error model (DESIGN 1.1, kcverify/kernels/spec.py).
 
 Per kernel: constant operands (graph.constant_names) are weights, cast exactly by the spec's
 ``weights`` (casts.weight_cast; otherwise the hull of W and its compute-format rounding), the
 others activations, cast by ``activations`` with the exact round-to-nearest image on intervals
-(casts.activation_cast). Products are exact, the length-n accumulation in any order adds
-gamma_n(u_acc) * sum |a_i b_i| <= gamma_n |A| @ |B|, and the result is rescaled and rounded to the
-compute format (two roundings allowed). Value sets: interval matmul (midpoint-radius, float64
-error included).
+(casts.activation_cast; a dynamic per-sample scale groups by the operand's sample axis,
+RuleCtx.sample_axis). Products of the cast values are exact and accumulated *unscaled* in the
+accumulator format in any order; ``accumulation_error`` is the one place that encloses that
+error: gamma_n(u_acc) * sum |a_i b_i| + n eta_acc max(1, s_a s_b), infinite where the unscaled
+partial sums may overflow the accumulator. The result is rescaled and rounded to the compute
+format (two roundings allowed). Value sets: interval matmul (midpoint-radius, float64 error
+included).
 
 Drift: with A_k, B_k the cast operands of kernel k,
 A_i B_i - A_t B_t = (A_i - A_t) B_i + A_t (B_i - B_t), where A_i - A_t = dA + e_i - e_t (the input
@@ -21,18 +24,89 @@ from dataclasses import dataclass
 
 import torch
 
-from kcverify.bounds.box import Box, Concrete, imatmul, meet_hi, meet_lo, nan_to, pad_hi, pad_lo
-from kcverify.bounds.casts import activation_cast, rne, weight_cast
+from kcverify.bounds.box import (
+    Box,
+    Concrete,
+    imatmul,
+    mag,
+    meet_hi,
+    meet_lo,
+    nan_to,
+    pad_hi,
+    pad_lo,
+)
+from kcverify.bounds.casts import (
+    activation_cast,
+    activation_scale_bounds,
+    block_scale_bounds,
+    rne,
+    weight_cast,
+)
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
 from kcverify.bounds.rules import cache
 from kcverify.kernels.formats import gamma
 from kcverify.kernels.spec import KernelSpec
 
+INF = float("inf")
+
+
+def accumulation_error(spec: KernelSpec, n: int, magn: torch.Tensor, s_lo: torch.Tensor,
+                       s_hi: torch.Tensor) -> torch.Tensor:
+    """The accumulation enclosure of one matmul (kcverify/kernels/spec.py): |fl(sum) - sum| for
+    the n unscaled products q_a q_b of each output, added in any order in the accumulator, in
+    output units. ``magn`` = |A| @ |B| of the cast operands (output units); [s_lo, s_hi] the
+    product of the two operands' scales (broadcastable to magn; per-block: its range along K).
+
+    gamma_n(u_acc) magn (Higham 3.1: every product and partial sum rounded once per level; the
+    products need not be representable) + n eta_acc s_hi (each rounding's underflow, in the
+    unscaled units, and the blocks' rescalings) - and infinite where the unscaled sum
+    magn / s_lo (1 + gamma_n), a bound on every partial sum, may overflow the accumulator."""
+    acc = spec.accumulate
+    g = gamma(n, acc.u)
+    err = g * magn * (1 + (n + 4) * 2.0**-52) + n * acc.eta * torch.clamp(s_hi, min=1.0)
+    over = magn * (1 + g) / s_lo.clamp_min(1e-300) >= acc.max_finite * (1 - 2.0**-40)
+    if bool(over.any()):
+        err = torch.where(over, torch.full_like(err, INF), err)
+    return err
+
+
+def operand_scales(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tensor,
+                   weight: bool, side: str, out_axis: int, k_axis: int,
+                   sample_axis=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The range [s_lo, s_hi] of kernel ``spec``'s scale of one matmul operand along its
+    reduction axis, broadcastable to the output (left (..., M|1, 1), right (..., 1, N|1))."""
+    from kcverify.kernels.scale import weight_scale
+
+    k = lo.dim() - 1 if side == "left" else lo.dim() - 2
+    one = torch.ones([1] * lo.dim(), dtype=lo.dtype, device=lo.device)
+    cs = spec.weights if weight else spec.activations
+    if cs is None:
+        return one, one
+    if weight and isinstance(x, Concrete) and x.rounds == 0:
+        s = weight_scale(x.value.to(lo.device, torch.float64), cs, out_axis, k_axis)
+        s_lo, s_hi = s, s
+    elif cs.scale in ("none", "static", "dynamic_per_tensor", "dynamic_per_token"):
+        axis = ctx.sample_axis(0 if side == "left" else 1) if sample_axis is None else sample_axis
+        s_lo, s_hi = activation_scale_bounds(lo, hi, cs, side, axis, ctx.batch)
+    elif cs.scale == "dynamic_per_block":
+        s_lo, s_hi = block_scale_bounds(lo, hi, cs, side)
+    else:  # a weight scale of a computed (rounded) weight: anything from the floor to amax
+        m = float(cs.format.max_finite)
+        s_lo = one * (cs.floor / m * 0.99)
+        s_hi = (mag(lo, hi).amax().clamp_min(cs.floor) / m * 1.01) * one
+    if s_lo.dim() < lo.dim():
+        s_lo = s_lo.reshape([1] * (lo.dim() - s_lo.dim()) + list(s_lo.shape))
+        s_hi = s_hi.reshape([1] * (lo.dim() - s_hi.dim()) + list(s_hi.shape))
+    s_lo = s_lo.amin(dim=k, keepdim=True) if s_lo.shape[k] > 1 else s_lo
+    s_hi = s_hi.amax(dim=k, keepdim=True) if s_hi.shape[k] > 1 else s_hi
+    return s_lo, s_hi
+
 
 def _operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tensor, weight: bool,
-             side: str, out_axis: int, k_axis: int
+             side: str, out_axis: int, k_axis: int, sample_axis=None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Value set of kernel ``spec``'s cast operand, and an enclosure of cast(x) - x."""
+    """Value set of kernel ``spec``'s cast operand, and an enclosure of cast(x) - x.
+    ``sample_axis``: the operand's (default: the node input's on that side)."""
     deq = spec.accumulate.u
     zero = torch.zeros_like(lo)
     if weight and spec.weights is not None and isinstance(x, Concrete) and x.rounds == 0:
@@ -42,17 +116,18 @@ def _operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tens
         return q_lo, q_hi, pad_lo(q_lo - w), pad_hi(q_hi - w)
     cs = spec.weights if weight else spec.activations
     if cs is not None:
-        c_lo, c_hi = activation_cast(lo, hi, cs, spec.rounding, side, deq)
+        axis = ctx.sample_axis(0 if side == "left" else 1) if sample_axis is None else sample_axis
+        c_lo, c_hi = activation_cast(lo, hi, cs, spec.rounding, side, deq, axis, ctx.batch)
         e_lo, e_hi = c_lo - hi, c_hi - lo
         k = 1.0 if spec.rounding == "nearest" else 2.0  # half / a full spacing
         if cs.format.kind == "float" and cs.scale in ("none", "static"):
             s = 1.0 if cs.scale == "none" else float(cs.value or 1.0)
             r = pad_hi(k * (cs.format.u * torch.maximum(lo.abs(), hi.abs()) + cs.format.eta * s), 1e-9)
             e_lo, e_hi = torch.maximum(e_lo, -r), torch.minimum(e_hi, r)
-        elif cs.format.kind == "float":  # dynamic: s <= amax_hi / max_finite over the tensor
+        elif cs.format.kind == "float":  # dynamic: s <= max(amax, floor) / max_finite
             m = torch.maximum(lo.abs(), hi.abs())
-            r = pad_hi(k * (cs.format.u * m + cs.format.eta * m.amax() / cs.format.max_finite
-                            * 1.01), 1e-9)
+            s_top = torch.clamp(m.amax(), min=cs.floor) / cs.format.max_finite * 1.01
+            r = pad_hi(k * (cs.format.u * m + cs.format.eta * s_top), 1e-9)
             e_lo, e_hi = torch.maximum(e_lo, -r), torch.minimum(e_hi, r)
         return c_lo, c_hi, e_lo, e_hi
     if weight and isinstance(x, Concrete):
@@ -72,43 +147,52 @@ class _WeightSide:
     box: Box
     ops: tuple[tuple, tuple]
     drift: tuple[torch.Tensor, torch.Tensor]
+    scales: tuple[tuple, tuple]
 
 
 def _weight_side(ctx: RuleCtx, b: Concrete, out_axis: int, k_axis: int) -> _WeightSide:
     def build() -> _WeightSide:
         B = ctx.lift(b)
-        ops = []
+        ops, scales = [], []
         for k, spec in enumerate(ctx.kernels):
             lo, hi = (B.tl, B.th) if k == 0 else (B.il, B.ih)
             *cb, eb = _split(_operand(ctx, spec, b, lo, hi, True, "right", out_axis, k_axis))
             ops.append((tuple(cb), eb))
+            scales.append(operand_scales(ctx, spec, b, lo, hi, True, "right", out_axis, k_axis))
         (cb_t, eb_t), (cb_i, eb_i) = ops
-        return _WeightSide(B, (ops[0], ops[1]), _cast_drift(B, cb_t, cb_i, eb_t, eb_i))
+        return _WeightSide(B, (ops[0], ops[1]), _cast_drift(B, cb_t, cb_i, eb_t, eb_i),
+                           (scales[0], scales[1]))
     return cache.cached(ctx, b, ("matmul-weight", out_axis, k_axis), build)
 
 
 def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
-               b_out_axis: int = -1, b_k_axis: int = -2) -> Box:
+               b_out_axis: int = -1, b_k_axis: int = -2, axes: tuple | None = None) -> Box:
     """(Cast A) @ (cast B) accumulated in any order and rounded, for both kernels, with drift.
-    A constant B's lift, casts and cast drift depend on B and the specs alone: cached."""
+    A constant B's lift, casts and cast drift depend on B and the specs alone: cached.
+    ``axes``: the operands' sample axes as given (default: the node inputs')."""
     ws = (_weight_side(ctx, b, b_out_axis, b_k_axis)
           if b_weight and isinstance(b, Concrete) else None)
     A = ctx.lift(a)
     B = ws.box if ws is not None else ctx.lift(b)
     n = A.shape[-1]
+    ax_a, ax_b = axes if axes is not None else (ctx.sample_axis(0), ctx.sample_axis(1))
     vals, errs, ops = [], [], []
     for k, spec in enumerate(ctx.kernels):
         a_lo, a_hi = (A.tl, A.th) if k == 0 else (A.il, A.ih)
         b_lo, b_hi = (B.tl, B.th) if k == 0 else (B.il, B.ih)
-        *ca, ea = _split(_operand(ctx, spec, a, a_lo, a_hi, a_weight, "left", -2, -1))
+        *ca, ea = _split(_operand(ctx, spec, a, a_lo, a_hi, a_weight, "left", -2, -1, ax_a))
+        sa = operand_scales(ctx, spec, a, a_lo, a_hi, a_weight, "left", -2, -1, ax_a)
         if ws is not None:
             cb, eb = ws.ops[k]
+            sb = ws.scales[k]
         else:
             *cb, eb = _split(_operand(ctx, spec, b, b_lo, b_hi, b_weight, "right", b_out_axis,
-                                      b_k_axis))
+                                      b_k_axis, ax_b))
+            sb = operand_scales(ctx, spec, b, b_lo, b_hi, b_weight, "right", b_out_axis,
+                                b_k_axis, ax_b)
         ca, cb = tuple(ca), tuple(cb)
         lo, hi, magn = imatmul(*ca, *cb)
-        acc = gamma(n, spec.accumulate.u) * magn
+        acc = accumulation_error(spec, n, magn, sa[0] * sb[0], sa[1] * sb[1])
         lo, hi = lo - acc, hi + acc
         lo, hi, rnd = ctx.round(spec, "mul", lo, hi, steps=2)
         vals += [lo, hi]
@@ -152,8 +236,12 @@ def matmul(ctx: RuleCtx, a, b) -> Box:
         b = ctx.lift(b).map(lambda t: t.unsqueeze(-1))
         squeeze.append(-1)
     aw, bw = ctx.node.inputs[0] in ctx.constants, ctx.node.inputs[1] in ctx.constants
+    # a promoted 1-D operand's only axis is K: no sample axis to group by
+    ax = ("unknown" if -2 in squeeze else ctx.sample_axis(0),
+          "unknown" if -1 in squeeze else ctx.sample_axis(1))
     y = matmul_box(ctx, a if isinstance(a, Concrete) and not squeeze else ctx.lift(a),
-                   b if isinstance(b, Concrete) and not squeeze else ctx.lift(b), aw, bw)
+                   b if isinstance(b, Concrete) and not squeeze else ctx.lift(b), aw, bw,
+                   axes=ax)
     for d in squeeze:
         y = y.map(lambda t, d=d: t.squeeze(d))
     return y
@@ -176,8 +264,12 @@ def gemm(ctx: RuleCtx, a, b, c=None) -> Box:
             return Concrete(x.value.transpose(0, 1), x.rounds)
         return x.map(lambda t: t.transpose(0, 1))
     aw, bw = ctx.node.inputs[0] in ctx.constants, ctx.node.inputs[1] in ctx.constants
+
+    def tr_axis(a, flag: int):
+        return 1 - a if flag and isinstance(a, int) and not isinstance(a, bool) else a
+    ax = (tr_axis(ctx.sample_axis(0), ta), tr_axis(ctx.sample_axis(1), tb))
     # per-channel weights: the output feature is B's axis 0 when transB (before transposing)
-    y = matmul_box(ctx, tr(a, ta), tr(b, tb), aw, bw)
+    y = matmul_box(ctx, tr(a, ta), tr(b, tb), aw, bw, axes=ax)
     if alpha != 1.0:
         s = torch.full((), alpha, dtype=torch.float64)
         y = mul_box(ctx, y, ctx.lift(Concrete(s)))

@@ -13,6 +13,7 @@ from typing import Any
 
 from kcverify.certs.encoding import fx, unfx, unfx_list
 from kcverify.certs.rules import Rule, RuleContext, RuleError, register_rule
+from kcverify.errors import InternalError
 
 MAX_NEURONS = 512  # the checker re-solves nothing larger
 DEFAULT_TIMEOUT_S = 60.0
@@ -62,8 +63,9 @@ class SmtBlock(Rule):
         if not (eps >= 0 and math.isfinite(eps)):
             raise RuleError("smt-block: eps must be a finite number >= 0")
         graph = _graph(params, ctx)
-        from kcverify.smt.decide import decide_problem
-        from kcverify.smt.encode import NotEncodable, prepare
+        decide_problem = _component("kcverify.smt.decide", "decide_problem")
+        NotEncodable = _component("kcverify.smt.encode", "NotEncodable")  # noqa: N806
+        prepare = _component("kcverify.smt.encode", "prepare")
 
         kernels = params["kernels"]
         if not isinstance(kernels, dict) or set(kernels) != {"train", "inf"}:
@@ -99,13 +101,22 @@ class SmtBlock(Rule):
         return out
 
 
-def _graph(params: dict[str, Any], ctx: RuleContext) -> Any:
-    import onnx
-
-    from kcverify.models.ir import from_onnx
+def _component(module: str, attr: str) -> Any:
+    """What re-solving needs (z3 through kcverify.smt, the IR, the block segmentation): one that
+    cannot load is a broken installation, an InternalError, never a skipped or refused check."""
+    import importlib
 
     try:
-        model = onnx.load_from_string(base64.b64decode(str(params["graph"]).encode(), validate=True))
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise InternalError(f"the smt-block check cannot load {module}.{attr}: {e}") from e
+
+
+def _graph(params: dict[str, Any], ctx: RuleContext) -> Any:
+    onnx_load = _component("onnx", "load_from_string")
+    from_onnx = _component("kcverify.models.ir", "from_onnx")
+    try:
+        model = onnx_load(base64.b64decode(str(params["graph"]).encode(), validate=True))
         graph = from_onnx(model, name="smt-block")
     except Exception as e:  # noqa: BLE001 - decode / protobuf errors have many types
         raise RuleError(f"smt-block: params.graph is not a base64 ONNX model ({type(e).__name__})") from None
@@ -113,8 +124,7 @@ def _graph(params: dict[str, Any], ctx: RuleContext) -> Any:
         raise RuleError("smt-block: params.graph does not match params.graph_digest")
     if ctx.expected_chain is not None:
         chain = [d for _, d in ctx.expected_chain]
-        from kcverify.bounds.engine import blocks_of
-
+        blocks_of = _component("kcverify.bounds.engine", "blocks_of")
         own = [b.digest for b in blocks_of(graph)]
         if own != chain and graph.digest() not in chain:
             raise RuleError("smt-block: the block is neither the certified model nor one of its blocks")

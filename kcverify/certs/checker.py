@@ -206,13 +206,17 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
                       store_input: Any = "default") -> CheckReport:
     """Re-check a certificate against the model and contract files.
 
-    ``kernel_specs`` (name -> KernelSpec or canonical mapping) and ``contract`` default to what
-    kcverify.dsl.load_contract reads from ``contract_path``; ``expected_chain`` and
-    ``graph_inputs`` to the model's segmentation and inputs; ``recheck_block`` to the bound
-    engine's adapter (kcverify.certs.recheck). ``input_region(slice) -> {input: box}`` (when
-    given) makes every chain show that its assumed input region contains the slice's inputs;
-    ``store_input`` (default: the bound engine's input_box) maps raw inputs to stored values.
-    Missing or unreadable files raise InputFileError.
+    ``contract`` defaults to what kcverify.dsl.load_contract reads from ``contract_path`` (always
+    read: its clauses and slices are checked whether or not ``kernel_specs`` is given);
+    ``kernel_specs`` (name -> KernelSpec or canonical mapping) to the contract's;
+    ``expected_chain`` and ``graph_inputs`` to the model's segmentation and inputs;
+    ``recheck_block`` to the bound engine's adapter (kcverify.certs.recheck);
+    ``input_region(slice) -> {input: box}`` to the boxes of the slice's data file (every chain
+    must assume a region containing them); ``store_input`` (default: the bound engine's
+    input_box) maps raw inputs to stored values. A missing model or contract file (the command's
+    own arguments) raises InputFileError; a slice data or external-data file that is missing,
+    unreadable or changed is a problem of the report. A component that cannot be imported
+    raises InternalError.
     """
     for p, what in ((model_path, "model"), (contract_path, "contract")):
         if not Path(p).is_file():
@@ -300,7 +304,7 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
                             "bound engine's input_box is not available for this model and "
                             "contract)")
     ctx = RuleContext(blocks={}, recheck_block=recheck_block, expected_chain=expected_chain,
-                      store_input=store_input,
+                      store_input=store_input, kernel_specs=kernel_specs,
                       graph_inputs=graph_inputs, input_region=input_region)
     for ref, raw in pred["blocks"].items():
         ctx.blocks[ref] = decode_block(ref, raw)

@@ -480,6 +480,17 @@ def blocks_of(graph: Graph) -> list[Any]:
                         tuple(v.name for v in graph.outputs), graph.digest())]
 
 
+def _per_sample_linf(d: DiffBox, axis: Any, batch: int) -> np.ndarray:
+    """max |drift| per sample of the batch: over every axis but the output's sample axis (an
+    output with none, or an unknown one, gives every sample the max over the whole tensor)."""
+    m = np.maximum(np.abs(d.drift_lo), np.abs(d.drift_hi))
+    if isinstance(axis, int) and not isinstance(axis, bool) and m.ndim > axis \
+            and m.shape[axis] == batch:
+        m = np.moveaxis(m, axis, 0).reshape(batch, -1)
+        return m.max(axis=1) if m.size else np.zeros(batch)
+    return np.full(batch, m.max() if m.size else 0.0)
+
+
 def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, feeds: Any,
                   region: Region | None = None, domain: str = "best", device: str = "cpu",
                   progress: Callable[[int, int, str], None] | None = None,
@@ -551,8 +562,11 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
     outputs = {v.name: state[v.name] for v in graph.outputs}
     batch = next(iter(fd.values())).shape[0] if fd else 1
     linf = np.zeros(batch)
+    from kcverify.models.blocks import sample_axes
+
+    axes = sample_axes(graph)
     for v in graph.outputs:
         if _is_int(graph, v.name):
             continue
-        linf = np.maximum(linf, outputs[v.name].linf())
+        linf = np.maximum(linf, _per_sample_linf(outputs[v.name], axes.get(v.name), batch))
     return DriftResult(linf, outputs, records, time.perf_counter() - t0, domain)

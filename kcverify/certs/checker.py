@@ -304,7 +304,7 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
                             "bound engine's input_box is not available for this model and "
                             "contract)")
     ctx = RuleContext(blocks={}, recheck_block=recheck_block, expected_chain=expected_chain,
-                      store_input=store_input,
+                      store_input=store_input, kernel_specs=kernel_specs,
                       graph_inputs=graph_inputs, input_region=input_region)
     for ref, raw in pred["blocks"].items():
         ctx.blocks[ref] = decode_block(ref, raw)

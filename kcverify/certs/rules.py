@@ -61,7 +61,9 @@ class RuleContext:
     {input name: box}`` the boxes of a contract slice's inputs as the bound engine builds them
     (then a chain over that slice must assume a region containing them); ``store_input(name,
     box)`` maps a raw model-input region to the values the kernels store (each in its compute
-    format: the bound engine's input_box), None when inputs enter unchanged.
+    format: the bound engine's input_box), None when inputs enter unchanged. ``kernel_specs``:
+    the contract's kernel specs by name (KernelSpec or canonical mapping), for rules whose
+    error analysis depends on them (examples/rules/residual_lipschitz.py); None when unknown.
     """
 
     blocks: dict[str, BlockData] = field(default_factory=dict)
@@ -71,6 +73,7 @@ class RuleContext:
     input_region: Callable[[str], Mapping[str, Any]] | None = None
     store_input: Callable[[str, StoredBox], Any] | None = None
     rechecked: dict[str, list[str]] = field(default_factory=dict)
+    kernel_specs: Mapping[str, Any] | None = None
 
     def block(self, ref: str) -> BlockData:
         if ref not in self.blocks:
@@ -327,7 +330,8 @@ class BlockRule(Rule):
 
 @register_rule("sequential")
 class Sequential(Rule):
-    """Chain B_1; …; B_n of block certificates from the model-input region X (params.inputs).
+    """Chain B_1; …; B_n of block certificates from the model-input region X (params.inputs):
+    the model's segmentation, or a prefix of it (its first n blocks, in order).
 
     Valid iff for every tensor t that B_{i+1} assumes: t is produced by an earlier B_j and
     in_{i+1}(t) ⊇ out_j(t), or t is a model input and in_{i+1}(t) ⊇ store(X(t)), the values the
@@ -388,11 +392,14 @@ class Sequential(Rule):
             for t in blk.out_state:
                 produced[t] = ref
         if ctx.expected_chain is not None:
+            # the model's blocks in order from the first: all of them, or a prefix (the state of
+            # the tensors those blocks produce, which no later block produces again: a
+            # compositional rule continues from it, examples/rules/residual_lipschitz.py)
             have = [(ctx.block(r).name, ctx.block(r).digest) for r in refs]
-            if have != list(ctx.expected_chain):
+            if have != list(ctx.expected_chain)[:len(have)]:
                 names = [n for n, _ in ctx.expected_chain]
                 raise RuleError(f"sequential: the chain {[n for n, _ in have]} (with digests) is not "
-                                f"the model's segmentation {names}")
+                                f"the model's segmentation {names} (nor a prefix of it)")
         outputs = params.get("outputs")
         if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
             raise RuleError("sequential: params.outputs must list tensor names")

@@ -206,10 +206,11 @@ def _input_box(x: np.ndarray, sl: Any) -> Any:
 
 @dataclass
 class PlanContext:
-    """What a rule's ``plan(ctx)`` sees when it builds its own premises (docs/rules.md): the
-    certificate ``builder``, the ``query``, the slice's chain (``chain``: the state of the logits;
-    ``refs``: its block certificates, in order) and ``linf`` (the L-inf drift of the logits, with
-    ``keep``). ``prefix(k)`` and ``certify(k, in_state)`` build further nodes."""
+    """What a rule's ``plan(ctx) -> (premises, params) | None`` sees when it builds its own
+    premises (docs/rules.md): the certificate ``builder``, the ``query``, the slice's chain
+    (``chain``: the state of the logits; ``refs``: its block certificates, in order), ``linf``
+    (the L-inf drift of the logits, with ``keep``) and ``output`` (the logits' tensor).
+    ``prefix(k)`` and ``certify(k, in_state)`` build further nodes."""
 
     session: Session
     builder: Any
@@ -218,6 +219,10 @@ class PlanContext:
     chain: dict[str, Any]
     linf: dict[str, Any]
     keep: int
+
+    @property
+    def output(self) -> str:
+        return str(self.session.output)
 
     @property
     def records(self) -> list[Any]:
@@ -280,10 +285,11 @@ def _derive(b: Any, rule: str, premises: str, q: NumericalQuery, chain: dict[str
 
     rule_obj = RULES[rule]
     if hasattr(rule_obj, "plan"):  # a rule that builds its own premises (docs/rules.md)
-        nodes = rule_obj.plan(plan)
-        if nodes is None:
-            raise RuleError(f"{rule}: does not apply to this model")
-        return b.apply(rule, nodes, **getattr(rule_obj, "plan_params", lambda _p: {})(plan))
+        planned = rule_obj.plan(plan)
+        if planned is None:
+            raise RuleError(f"{rule}: does not apply to this query")
+        nodes, params = planned
+        return b.apply(rule, nodes, **params)
     if premises not in PREMISES:
         raise RuleError(f"{rule}: premises {premises!r} is not one of {', '.join(PREMISES)}")
     if premises == "state":
@@ -324,6 +330,8 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
     refs, chain = s.block_refs[q.slice]
     keep = 2 if q.per_position else 1
     linf = b.apply("linf-from-state", [chain], tensor=s.output, keep=keep)
+    if getattr(b.ctx, "kernel_specs", "absent") is None:  # rules may read the specs (checker too)
+        b.ctx.kernel_specs = dict(s.contract.kernels)
     plan = PlanContext(s, b, q, refs, chain, linf, keep)
     stat = proof_statistic(q, keep)
     tried: list[tuple[float, str, dict[str, Any]]] = []

@@ -89,3 +89,23 @@ def test_rule_modules_are_loaded_for_the_cli(tmp_path: Any) -> None:
         unregister_rule("always-fails")
     with pytest.raises(InputFileError, match="cannot import rule module"):
         load_rule_modules(["no_such_module_kcv"])
+
+
+def test_a_prefix_of_the_chain_is_a_state_a_compositional_rule_continues_from(
+        example: Any, engine: FakeEngine) -> None:
+    """sequential accepts the model's first blocks (the state of what they produce), as
+    examples/rules/residual_lipschitz.py uses it; any other sequence of blocks is refused."""
+    from kcverify.certs.rules import RULES
+
+    model, contract, specs, _ = example
+    x = np.random.default_rng(3).uniform(-1, 1, size=(2, engine.n_in))
+    b = CertificateBuilder(model, contract, specs, {"name": "fake-contract", "version": "1.0.0"},
+                           slices=SLICES, store_input=None)
+    refs = [b.add_block(r) for r in engine.certify(x)]
+    prefix = b.sequential(refs[:1], {"x": FakeBox.point(x)}, ["h"])
+    assert prefix["conclusion"]["outputs"] == {"h": refs[0]}
+    b.ctx.expected_chain = engine.chain
+    assert RULES["sequential"].check(prefix, b.ctx) == []
+    b.ctx.expected_chain = engine.chain[::-1]  # b0 is not the model's first block
+    (problem,) = RULES["sequential"].check(prefix, b.ctx)
+    assert "is not the model's segmentation" in problem and "nor a prefix of it" in problem

@@ -253,7 +253,7 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
     ``inputs``: a .npy/.npz path, an array (the model's single input) or a mapping input name ->
     batch. ``domain``: interval, linear or best. ``eps > 0`` bounds every input in the L-inf box
     of that radius around each input (``space`` input or embedding). ``progress(done, total)``
-    is called after each work item (relational domains: one input each). ``workers`` /
+    is called with 0 first, then after each work item (relational domains: one input each). ``workers`` /
     ``ray_address`` run the work items on Ray (kcverify.distributed); the bounds are the
     serial ones, in input order."""
     import numpy as np
@@ -277,6 +277,8 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
         if progress is not None:
             progress(finished, len(items))
 
+    if progress is not None:
+        progress(0, len(items))
     with executor_for(workers, ray_address, device) as ex:
         results = (ex or SerialExecutor()).map_drift(graph, model, train, inf, items, done)
     return BoundResult(

@@ -41,15 +41,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kcverify.progress import Bar
+
     check_device(args.device)
+    bar: Bar | None = None
 
     def progress(done: int, total: int) -> None:
+        """Inputs bounded so far: a bar with ETA on a terminal, else a line per input."""
+        nonlocal bar
         if total > 1:
-            sys.stderr.write(f"kcverify bound: input {done}/{total}\n")
+            bar = bar or Bar("kcverify bound: input", total, unit="input")
+            bar.update(done)
 
-    res = bound(args.model, args.contract, args.inputs, domain=args.domain, device=args.device,
-                eps=args.eps, space=args.space, workers=args.workers,
-                ray_address=args.ray_address, progress=progress)
+    try:
+        res = bound(args.model, args.contract, args.inputs, domain=args.domain,
+                    device=args.device, eps=args.eps, space=args.space, workers=args.workers,
+                    ray_address=args.ray_address, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
     if args.json:
         print(dumps(res.to_json()))
         return 0

@@ -36,12 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kcverify.integrations.mlflow import admit
-    from kcverify.planner.prove import stderr_progress
+    from kcverify.progress import ProveProgress
 
     res = admit(args.name, args.version, args.contract, tracking_uri=args.tracking_uri,
                 registry_uri=args.registry_uri, cert=args.cert, alias=args.alias,
                 policy=args.require, device=check_device(args.device),
-                progress=None if args.quiet else stderr_progress)
+                progress=None if args.quiet else ProveProgress())
     if args.json:
         print(dumps(res.to_json()))
         return res.exit_code

@@ -8,7 +8,7 @@ from pathlib import Path
 from kcverify.api import check_device, dumps
 from kcverify.distributed import executor_for
 from kcverify.planner import ProveOptions, prove
-from kcverify.planner.prove import stderr_progress
+from kcverify.progress import ProveProgress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                            realizations=args.realizations, confidence=args.confidence,
                            cert_path=args.cert, embed=args.embed,
                            write_certificate=not args.no_cert, force=args.force,
-                           progress=None if args.quiet else stderr_progress)
+                           progress=None if args.quiet else ProveProgress())
     with executor_for(args.workers, args.ray_address, options.device) as options.executor:
         result = prove(args.contract, args.model, options)
     if args.json:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from kcverify import boxes
-from kcverify.errors import BoundError
+from kcverify.errors import InternalError
 
 U64 = 2.0**-53
 REL_PAD = 16 * U64  # relative outward widening applied to every rule result
@@ -293,10 +293,10 @@ def _check_shapes(parts: tuple[torch.Tensor, ...], shape: tuple[int, ...] | None
                   ) -> None:
     s0 = parts[0].shape
     if any(p.shape != s0 for p in parts[1:]):
-        raise BoundError(f"{where}: rule returned bounds of different shapes "
+        raise InternalError(f"{where}: rule returned bounds of different shapes "
                          f"{[tuple(p.shape) for p in parts]}")
     if shape is not None and tuple(s0) != tuple(shape):
-        raise BoundError(f"{where}: rule returned shape {tuple(s0)}, expected {tuple(shape)}")
+        raise InternalError(f"{where}: rule returned shape {tuple(s0)}, expected {tuple(shape)}")
 
 
 def _ordered(lows: torch.Tensor, highs: torch.Tensor) -> bool:
@@ -344,13 +344,13 @@ def _check_slow(parts: list[torch.Tensor], where: str, had_inf: HadInf) -> Box:
             if callable(had_inf):
                 had_inf = had_inf()
             if not had_inf:
-                raise BoundError(f"{where}: rule returned NaN bounds from finite inputs")
+                raise InternalError(f"{where}: rule returned NaN bounds from finite inputs")
             parts[k] = torch.where(nan, torch.full_like(lo, -float("inf")), lo)
             parts[k + 1] = torch.where(nan, torch.full_like(hi, float("inf")), hi)
             lo, hi = parts[k], parts[k + 1]
         if bool((lo > hi).any()):
             bad = (lo > hi).nonzero()[0].tolist()
-            raise BoundError(f"{where}: rule returned an empty interval at index {bad} "
+            raise InternalError(f"{where}: rule returned an empty interval at index {bad} "
                              f"([{float(lo[tuple(bad)])!r}, {float(hi[tuple(bad)])!r}]): "
                              f"two enclosures disagree, a soundness bug")
     return Box(*parts)

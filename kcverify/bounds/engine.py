@@ -31,7 +31,7 @@ import torch
 
 from kcverify.bounds.box import F64, Box, Concrete, DiffBox, check_box, pad_check, pad_hi, pad_lo
 from kcverify.bounds.registry import CONCRETE_OPS, RULES, RuleCtx, registered
-from kcverify.errors import BoundError, InputFileError
+from kcverify.errors import BoundError, InputFileError, InternalError, KcverifyError
 from kcverify.kernels.spec import KernelSpec
 from kcverify.models.ir import Graph
 
@@ -263,8 +263,11 @@ def _linear_step(graph: Graph, n, ins: list, results: tuple, ctx: RuleCtx,
             states.append((x, None, None))
     try:
         st = rule(ctx, states, results[0], m)
-    except (RuntimeError, ValueError, IndexError):
-        st = None
+    except KcverifyError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a rule that cannot apply returns None; this is a bug
+        raise InternalError(f"{n.op_type} node {n.name!r}: the symbolic-interval rule failed: "
+                            f"{type(e).__name__}: {e}") from e
     if st is None:
         return results
     lin[n.outputs[0]] = st
@@ -464,20 +467,19 @@ def whole_graph(graph: Graph) -> list[Any]:
 
 
 def blocks_of(graph: Graph) -> list[Any]:
-    """The model's blocks (kcverify.models.blocks.segment), or the whole graph as one block."""
-    try:
-        from kcverify.models.blocks import segment
-    except ImportError:  # pragma: no cover - the segmenter ships with the package
-        segment = None
-    if segment is not None:
-        from kcverify.bounds.decompose import memo
+    """The model's blocks (kcverify.models.blocks.segment; a graph without a cut is one block).
+    The checker re-derives the same cut, so a segmenter failure is reported, never replaced by
+    another cut: bad input stays a KcverifyError, anything else is an InternalError."""
+    from kcverify.bounds.decompose import memo
+    from kcverify.models.blocks import segment
 
-        try:  # remembered per graph object (decompose.memo): segmenting costs a few ms a call
-            return list(memo(graph, ("blocks",), lambda: list(segment(graph))))
-        except Exception:  # noqa: BLE001 - a model the segmenter cannot cut: one block
-            pass
-    return [_WholeGraph("model", "other", graph, tuple(v.name for v in graph.inputs),
-                        tuple(v.name for v in graph.outputs), graph.digest())]
+    try:  # remembered per graph object (decompose.memo): segmenting costs a few ms a call
+        return list(memo(graph, ("blocks",), lambda: list(segment(graph))))
+    except KcverifyError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a bug in the segmenter, reported as one
+        raise InternalError(f"segmenting graph {graph.name!r} into blocks failed: "
+                            f"{type(e).__name__}: {e}") from e
 
 
 def _per_sample_linf(d: DiffBox, axis: Any, batch: int) -> np.ndarray:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from kcverify.certs.records import BOX_FIELDS, BlockData, StoredBox
-from kcverify.errors import KcverifyError
+from kcverify.errors import InternalError, KcverifyError
 
 RecheckBlock = Callable[[BlockData], list[str]]
 
@@ -72,18 +72,32 @@ def recheck_with(bound_block: Callable[..., Mapping[str, Any]], blocks_by_digest
     return recheck
 
 
+def model_blocks(graph: Any) -> dict[str, Any]:
+    """Every block a prover may have cut from ``graph``, by digest, exactly as it cut it: the
+    segmenter's blocks (interval, best, zonotope: kcverify.models.blocks.segment, with their
+    inputs' sample axes) and the whole graph as one block (the linear domain:
+    kcverify.bounds.engine.whole_graph). A digest names one subgraph, so the record's digest
+    says which cut was bounded; its ``domain`` (or method) says how."""
+    from kcverify.bounds.engine import whole_graph
+    from kcverify.models.blocks import segment
+
+    out = {b.digest: b for b in whole_graph(graph)}
+    out.update({b.digest: b for b in segment(graph)})
+    return out
+
+
 def default_recheck(model_path: str | os.PathLike[str], kernel_specs: Mapping[str, Any]
                     ) -> tuple[RecheckBlock | None, str | None]:
-    """The real bound engine's hook for this model, or (None, why not)."""
+    """The real bound engine's hook for this model, or (None, why not). The engine ships with
+    kcverify: failing to import it is an internal error, never a skipped check."""
     try:
         from kcverify.bounds import DiffBox, bound_block
-        from kcverify.models.blocks import segment
         from kcverify.models.ir import load_onnx
     except ImportError as e:
-        return None, f"the bound engine is not available ({e})"
+        raise InternalError(f"the bound engine cannot be imported: {e}") from e
     if "train" not in kernel_specs or "inf" not in kernel_specs:
         return None, "the contract does not name kernels 'train' and 'inf'"
-    blocks = {b.digest: b for b in segment(load_onnx(model_path))}
+    blocks = model_blocks(load_onnx(model_path))
     return recheck_with(bound_block, blocks, kernel_specs["train"], kernel_specs["inf"], DiffBox), None
 
 
@@ -97,13 +111,13 @@ def default_store_input(model_path: str | os.PathLike[str], kernel_specs: Mappin
 
         from kcverify.bounds.engine import input_box
         from kcverify.models.ir import load_onnx
-    except ImportError:
-        return None
+    except ImportError as e:
+        raise InternalError(f"the bound engine cannot be imported: {e}") from e
     if "train" not in kernel_specs or "inf" not in kernel_specs:
         return None
     try:
         dtypes = {v.name: v.dtype for v in load_onnx(model_path).inputs}
-    except KcverifyError:
+    except KcverifyError:  # an unreadable model: the checker reports it as a problem
         return None
     train, inf = kernel_specs["train"], kernel_specs["inf"]
 

@@ -13,7 +13,7 @@ from kcverify.bounds import DiffBox, Region, bound_block, certify_drift
 from kcverify.bounds.box import Box, check_box
 from kcverify.bounds.engine import blocks_of, load_rules
 from kcverify.bounds.registry import RuleCtx
-from kcverify.errors import BoundError
+from kcverify.errors import BoundError, InternalError
 from kcverify.kernels.spec import parse_kernel_spec
 from kcverify.models.ir import Node, from_onnx
 
@@ -106,12 +106,14 @@ def test_matmul_fp8_weight_drift_hand() -> None:
 
 
 def test_check_box_rejects_nan_and_empty() -> None:
+    """An empty interval or NaN from finite inputs is a soundness bug: InternalError (exit 3,
+    a traceback), never BoundError (bad input)."""
     z = torch.zeros(2, dtype=F64)
     bad = Box(z, z, z, z, torch.tensor([1.0, 0.0], dtype=F64), z)
-    with pytest.raises(BoundError, match="empty interval"):
+    with pytest.raises(InternalError, match="empty interval"):
         check_box(bad, None, "X node 'n'", False)
     nan = Box(z, torch.tensor([math.nan, 0.0], dtype=F64), z, z, z, z)
-    with pytest.raises(BoundError, match="NaN"):
+    with pytest.raises(InternalError, match="NaN"):
         check_box(nan, None, "X node 'n'", False)
     assert check_box(nan, None, "X node 'n'", True).th[0].item() == math.inf
 

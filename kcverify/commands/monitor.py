@@ -59,9 +59,12 @@ def run(args: argparse.Namespace) -> int:
     from kcverify.dsl import load_contract
     from kcverify.enforce.monitor import DEFAULT_HEALTH_THRESHOLD
     from kcverify.enforce.traces import parse_duration
+    from kcverify.errors import KcverifyError
 
     contract = load_contract(args.contract)
     width = parse_duration(args.window)
+    if not 0.0 < args.confidence < 1.0:
+        raise KcverifyError(f"--confidence {args.confidence}: expected a number in (0, 1)")
     threshold = (DEFAULT_HEALTH_THRESHOLD if args.health_threshold is None
                  else args.health_threshold)
     stopping = {"now": False}
@@ -89,11 +92,18 @@ def _run(args: argparse.Namespace, contract: Any, width: float, threshold: float
                          poll_s=args.poll, idle_timeout=args.idle_timeout,
                          stop=lambda: stopping["now"])
     extra = trace_slices(contract, args.traces)
+    unknown: set[str] = set()
 
     def records() -> Any:
         for r in reader:
             if extra:
                 r.slices = tuple(dict.fromkeys((*r.slices, *extra)))
+            for name in r.slices:
+                if name not in contract.slices and name not in unknown:
+                    unknown.add(name)
+                    print(f"{r.where}: warning: slice {name!r} is not a slice of the contract "
+                          f"({', '.join(contract.slices)}); no clause is measured on it",
+                          file=sys.stderr)
             yield r
 
     summary = Summary()

@@ -232,7 +232,8 @@ def _metric_clause(contract: Any, clause: Any, records: Sequence[TraceRecord],
         notes.append(f"{name}: {d.note}" + (f"; {note}" if note else ""))
         part = {"slice": name, "metric": m.name, "verdict": d.outcome, "value": _finite(o.value),
                 "n": d.n, "violations": d.violations, "upper": d.upper, "lower": d.lower,
-                "budget": d.budget, "method": d.method}
+                "budget": d.budget, "method": d.method,
+                "note": f"{name}: {d.note}" + (f"; {note}" if note else "")}
         out.parts.append(part)
         out.n += d.n
         out.violations += int(d.violations or 0)

@@ -252,6 +252,8 @@ def decide(contract_path: str | os.PathLike[str], stage: str,
     from kcverify.planner.static import model_facts
 
     options = options or PromotionOptions()
+    if not 0.0 < options.confidence < 1.0:
+        raise KcverifyError(f"confidence {options.confidence}: expected a number in (0, 1)")
     if stage not in STAGES:
         raise KcverifyError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
     families = STAGES[stage]

@@ -1,6 +1,7 @@
 """Synthetic, deterministic traces with an injected kernel fault (the paper's E5, in miniature).
 
-The requests are drawn (seeded) from one of the contract's slices. Before ``fault_at`` minutes,
+The requests are drawn (seeded, uniformly) from the distinct examples of the contract's slices
+(``slice_name``: of that slice only); each record names every slice its example belongs to. Before ``fault_at`` minutes,
 build ``build`` serves them: its logits are those of a conforming program of the contract's
 inference kernel (kcverify.kernels.realize, run once per distinct input, batch 1), and the
 training kernel's logits are a conforming program of the training kernel. From ``fault_at`` on,
@@ -80,29 +81,42 @@ def synthetic_traces(contract_path: str | os.PathLike[str], out: str | os.PathLi
     if contract.model.onnx is None:
         raise KcverifyError(f"{contract_path}: the contract names no model (model.onnx)")
     graph = load_onnx(contract.resolve(contract.model.onnx))
-    name = slice_name or next(iter(contract.slices))
-    if name not in contract.slices:
-        raise KcverifyError(f"{contract_path}: no slice {name!r}; slices: "
-                            f"{', '.join(contract.slices)}")
-    data = load_slice(contract.slices[name], base_dir=contract.path.parent)
-    feeds = data.feeds([v.name for v in graph.inputs])
-    same_file = [s for s, sl in contract.slices.items()
-                 if sl.inputs == contract.slices[name].inputs and sl.where is None]
+    names = [n for n, sl in contract.slices.items() if sl.inputs]
+    if slice_name is not None and slice_name not in names:
+        raise KcverifyError(f"{contract_path}: no slice {slice_name!r} with inputs; slices: "
+                            f"{', '.join(names)}")
+    if not names:
+        raise KcverifyError(f"{contract_path}: no slice with inputs to draw requests from")
+    # every distinct example of the slices, with the slices it belongs to
+    examples: list[dict[str, np.ndarray]] = []
+    member: list[list[str]] = []
+    where: dict[tuple[str, int], int] = {}
+    inputs = [v.name for v in graph.inputs]
+    for name in names:
+        data = load_slice(contract.slices[name], base_dir=contract.path.parent)
+        feeds = data.feeds(inputs)
+        src = os.fspath(Path(data.source).resolve())
+        for j in range(data.n):
+            key = (src, int(data.fields["index"][j]))
+            if key not in where:
+                where[key] = len(examples)
+                examples.append({k: v[j:j + 1] for k, v in feeds.items()})  # batch 1
+                member.append([])
+            member[where[key]].append(name)
+    pool = [i for i in range(len(examples)) if slice_name is None or slice_name in member[i]]
     audit = _audit_names(graph, plan.audit_points)
     out_name = graph.outputs[0].name
     base_dir = contract.path.parent
     rng = np.random.default_rng(plan.seed)
     n_req = int(round(plan.minutes * plan.rate))
-    picks = rng.integers(0, data.n, size=n_req)
-    needed = sorted(set(int(i) for i in picks))
+    picks = [pool[int(k)] for k in rng.integers(0, len(pool), size=n_req)]
     cache: dict[int, dict[str, Any]] = {}
     executors = {side: program_executor(graph, contract.kernels[side], DEFAULT_PROGRAM, base_dir)
                  for side in ("train", "inf")}
-    for i in needed:
-        one = {k: v[i:i + 1] for k, v in feeds.items()}  # batch 1, as replay runs it
+    for i in sorted(set(picks)):
         sides = {}
-        for side in ("train", "inf"):
-            env = executors[side].run(one, keep=True)
+        for side in ("train", "inf"):  # batch 1, as replay runs it
+            env = executors[side].run(examples[i], keep=True)
             z = env[out_name].detach().cpu().double().numpy()
             sides[side] = (z, {a: tensor_hash(env[a]) for a in audit})
         cache[i] = sides
@@ -126,11 +140,11 @@ def synthetic_traces(contract_path: str | os.PathLike[str], out: str | os.PathLi
         rec: dict[str, Any] = {
             "request_id": f"req-{r:06d}",
             "time": format_time(t0 + timedelta(seconds=offset)),
-            "slices": same_file,
+            "slices": member[i],
             "kernel": {"name": "inf", "fingerprint": _fingerprint(
                 contract, plan.fault_build if faulty else plan.build)},
         }
-        ex = {k: v[i] for k, v in feeds.items()}
+        ex = {k: v[0] for k, v in examples[i].items()}
         if list(ex) == ["input_ids"]:
             rec["input_ids"] = _example_json("input_ids", ex["input_ids"])
         else:
@@ -143,7 +157,8 @@ def synthetic_traces(contract_path: str | os.PathLike[str], out: str | os.PathLi
         rec["slice_index"] = i  # an extra field: kept by the reader, ignored by the checks
         lines.append(json.dumps(rec, separators=(",", ":")))
     atomic_write_text(Path(out), "\n".join(lines) + "\n")
-    return {"records": n_req, "path": os.fspath(out), "slice": name,
+    return {"records": n_req, "path": os.fspath(out), "slices": names if slice_name is None
+            else [slice_name],
             "start": format_time(t0),
             "fault_at": None if fault_s is None else format_time(t0 + timedelta(seconds=fault_s)),
             "builds": [plan.build] + ([plan.fault_build] if fault_s is not None else [])}

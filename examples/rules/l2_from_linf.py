@@ -21,7 +21,8 @@ class L2FromLinf(Rule):
 
     Premises: [linf_drift of tensor t, the state holding t] (the state fixes n, so a certificate
     cannot claim a smaller n). With keep = 2 (per position) n is the size of one position's
-    vector. √n and the product are rounded upward.
+    vector; a (batch, classes) tensor has one position per input (as in linf-from-state), so n
+    is the number of classes. √n and the product are rounded upward.
     """
 
     derives = "logit_l2"
@@ -36,7 +37,8 @@ class L2FromLinf(Rule):
         t = linf["tensor"]
         keep = linf.get("keep", 1)
         box = ctx.box(state["outputs"][t], t)
-        n = math.prod(box.shape[keep:])
+        axes = keep if len(box.shape) > keep else 1  # (batch, classes): one position per input
+        n = math.prod(box.shape[axes:])
         root = math.sqrt(n)  # correctly rounded; step up if below the exact root
         if Fraction(root) ** 2 < n:
             root = math.nextafter(root, math.inf)

@@ -109,3 +109,19 @@ def test_a_prefix_of_the_chain_is_a_state_a_compositional_rule_continues_from(
     b.ctx.expected_chain = engine.chain[::-1]  # b0 is not the model's first block
     (problem,) = RULES["sequential"].check(prefix, b.ctx)
     assert "is not the model's segmentation" in problem and "nor a prefix of it" in problem
+
+
+def test_example_rule_per_position_on_a_classifier(l2_rule: Any) -> None:
+    """keep = 2 on (batch, classes) logits: one position per input (linf-from-state's reading),
+    so n is the number of classes, not 1 (the example once claimed ||d||_2 <= delta there)."""
+    from kcverify.certs.records import BlockData, StoredBox
+    from kcverify.certs.rules import get_rule
+
+    z = np.zeros((2, 5))
+    ctx = RuleContext(blocks={"r": BlockData("r", "b", "0" * 64, "m", {}, {"t": StoredBox(*[z] * 6)})})
+    delta = 0.25
+    c = get_rule("l2-from-linf").conclude(
+        [{"quantity": "linf_drift", "direction": "upper", "tensor": "t", "keep": 2,
+          "bounds": [fx(delta), fx(delta)]}, {"kind": "state", "outputs": {"t": "r"}}], {}, ctx)
+    corner = np.full(5, delta)
+    assert np.linalg.norm(corner) <= unfx(c["bounds"][0]) <= np.linalg.norm(corner) * (1 + 1e-12)

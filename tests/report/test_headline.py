@@ -166,3 +166,19 @@ def test_decided_by_defaults_and_validation() -> None:
     assert [c.decided_by for c in r.clauses] == ["proof", "counterexample", "evidence",
                                                  "evidence", "evidence", "undecided"]
     assert r.headline() == ("violated", "bad")
+
+
+def test_report_schema_states_the_new_fields() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from kcverify.api import schema
+    from kcverify.report.writer import report_json
+
+    body = report_json(demo_like())
+    v = jsonschema.Draft202012Validator(schema("report"))
+    v.validate(body)
+    body["clauses"][0]["decided_by"] = "luck"
+    with pytest.raises(jsonschema.ValidationError):
+        v.validate(body)
+    del body["clauses"][0]["decided_by"]
+    with pytest.raises(jsonschema.ValidationError):
+        v.validate(body)

@@ -108,16 +108,15 @@ def _run(args: argparse.Namespace, contract: Any, width: float, threshold: float
 
     summary = Summary()
     out = sys.stdout
-    if not args.json:
-        out.write(f"{args.traces}: contract {contract.name} {contract.version}, windows of "
-                  f"{width:g} s\n WIN  START                     N       H  ACTION    "
-                  f"VIOLATED\n")
+    header = (f"{args.traces}: contract {contract.name} {contract.version}, windows of "
+              f"{width:g} s\n WIN  START                     N       H  ACTION    VIOLATED\n")
     for w in monitor(contract, tracking(records(), summary), width, args.confidence,
                      skipped=lambda: reader.skipped_total):
         summary.add_window(w)
         if args.json and args.follow:
             out.write(json.dumps(w.to_json(), sort_keys=True) + "\n")
         elif not args.json:
+            out.write(header if w.index == 0 else "")
             out.write(_table_row(w) + "\n")
         out.flush()
     note = reader.summary()
@@ -143,7 +142,7 @@ def _run(args: argparse.Namespace, contract: Any, width: float, threshold: float
                    f"detected after {ch['detection_lag_s']:.0f} s ({ch['action']})")
             out.write(f"build {ch['from']} -> {ch['to']} at {ch['at']}: {lag}\n")
         if not summary.windows:
-            out.write("no trace records\n")
+            out.write(f"{args.traces}: no trace records\n")
     if args.html:
         from kcverify.enforce.plot import write_monitor_html
 

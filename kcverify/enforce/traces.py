@@ -466,35 +466,39 @@ class TraceReader:
         self.records += 1
         return rec
 
+    def _line(self, raw: bytes) -> TraceRecord | None:
+        self.lines += 1
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self._bad(TraceError(f"not UTF-8 text ({e.reason} at byte {e.start}); expected one "
+                                 f"JSON object per line", self.path, self.lines, "json"))
+            return None
+        return self._parse(text, self.lines)
+
     def __iter__(self) -> Iterator[TraceRecord]:
         try:
-            f = self.path.open("r", encoding="utf-8")
+            f = self.path.open("rb")
         except OSError as e:
             raise InputFileError(f"{self.path}: cannot read ({e.strerror or e})") from None
         with f:
-            pending = ""
+            pending = b""
             idle_since = _time.monotonic()
             while True:
-                try:
-                    chunk = f.readline()
-                except UnicodeDecodeError as e:
-                    raise TraceError(f"not UTF-8 text ({e.reason})", self.path, self.lines + 1,
-                                     "json") from None
+                chunk = f.readline()
                 if chunk:
                     pending += chunk
-                    if not pending.endswith("\n") and self.follow:
+                    if not pending.endswith(b"\n") and self.follow:
                         continue  # a line still being written
-                    self.lines += 1
-                    text, pending = pending, ""
-                    rec = self._parse(text, self.lines)
+                    raw, pending = pending, b""
+                    rec = self._line(raw)
                     if rec is not None:
                         idle_since = _time.monotonic()
                         yield rec
                     continue
                 if not self.follow:
                     if pending:
-                        self.lines += 1
-                        rec = self._parse(pending, self.lines)
+                        rec = self._line(pending)
                         if rec is not None:
                             yield rec
                     return

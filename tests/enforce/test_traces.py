@@ -151,6 +151,16 @@ def test_skip_bad_counts_and_warns(e5, good, tmp_path, capsys):
     assert "malformed trace lines were skipped" in capsys.readouterr().out
 
 
+def test_not_utf8(e5, good, tmp_path, capsys):
+    path = tmp_path / "bytes.jsonl"
+    path.write_bytes(json.dumps(good[0]).encode() + b"\n\xff\xfe{}\n")
+    assert main(["monitor", str(e5.contract), str(path)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith(f"{path}:2: error: not UTF-8 text")
+    assert main(["monitor", str(e5.contract), str(path), "--skip-bad", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["skipped"]["by_reason"] == {"json": 1}
+
+
 def test_reader_streams_a_growing_file(good, tmp_path):
     path = tmp_path / "g.jsonl"
     path.write_text(json.dumps(good[0]) + "\n" + json.dumps(good[1])[:40])

@@ -262,7 +262,15 @@ def _odd(s: np.ndarray, r: np.ndarray) -> np.ndarray:
 
 
 def round3(a: np.ndarray, b: np.ndarray, c: np.ndarray, f: Fmt) -> np.ndarray:
-    """RN_f(a + b + c) exactly, for float64 a, b, c (no float64 overflow)."""
+    """RN_f(a + b + c) exactly, for float64 a, b, c (no float64 overflow); with an infinite or
+    NaN operand, IEEE's result (inf + x = inf, inf - inf = NaN)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        naive = a + b + c
+    if not np.all(np.isfinite(naive)):
+        with np.errstate(invalid="ignore"):
+            fin = np.isfinite(naive)
+            safe = [np.where(fin, v, 0.0) for v in (a, b, c)]
+            return np.where(fin, round3(*safe, f), naive)
     s1, e1 = two_sum(a, b)
     s2, e2 = two_sum(e1, c)
     s3, e3 = two_sum(s1, s2)

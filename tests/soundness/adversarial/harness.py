@@ -176,12 +176,25 @@ def finite(x: float) -> bool:
     return math.isfinite(x)
 
 
+class Runtime:
+    """A black-box program (torch, onnxruntime): ``fn(feeds) -> {output: array}``, named."""
+
+    def __init__(self, label: str, fn) -> None:
+        self.label, self.fn = label, fn
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.fn(feeds)
+
+    def __str__(self) -> str:
+        return self.label
+
+
 def attack(led: Ledger, cls: str, model: onnx.ModelProto, train: KernelSpec, inf: KernelSpec,
            feeds: Mapping[str, np.ndarray], pairs: list[tuple[Any, Any]], domain: str = "best",
            graph: Graph | None = None, outputs: Mapping[str, DiffBox] | None = None
            ) -> list[str]:
     """Certify ``model`` at ``feeds`` once, run every (training program, inference program)
-    pair (programs.Program, or a callable feeds -> {output: array}) and check containment."""
+    pair (programs.Program, or a Runtime) and check containment."""
     from tests.soundness.adversarial.interp import ProgramRunner
 
     g = graph if graph is not None else graph_of(model)
@@ -192,7 +205,8 @@ def attack(led: Ledger, cls: str, model: onnx.ModelProto, train: KernelSpec, inf
 
     def values(p) -> dict[str, np.ndarray]:
         if id(p) not in memo:
-            memo[id(p)] = p(feeds) if callable(p) and not hasattr(p, "spec") else run(p, feeds)
+            with np.errstate(all="ignore"):
+                memo[id(p)] = p(feeds) if isinstance(p, Runtime) else run(p, feeds)
         return memo[id(p)]
     for pt, pi in pairs:
         yt, yi = values(pt), values(pi)

@@ -162,4 +162,4 @@ class ProgramRunner:
             res = sess.run(None, one)
             for o, r in zip(self.outputs, res):
                 outs[o].append(_f64(r))
-        return {o: np.concatenate(v, axis=0) for o, v in outs.items()}
+        return {o: np.concatenate([np.atleast_1d(a) for a in v], axis=0) for o, v in outs.items()}

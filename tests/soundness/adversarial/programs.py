@@ -18,8 +18,12 @@ the spec leaves open, taken adversarially:
   products of the dequantised values (s_a q_a)(s_b q_b); per-block scales promote each block's
   partial sum (s_a s_b, two roundings) before the blocks are summed;
 * ``sat``: an fp8 cast of a value beyond the format saturates (satfinite) or gives NaN;
-* ``sm_form`` / ``ln_form`` / ``gelu_form``: the decomposition (two-pass with the row sums in the
-  compute format, or one fused rounding of the exact result).
+* ``sm_form`` / ``ln_form`` / ``gelu_form``: the decomposition. Row sums inside Softmax and
+  LayerNorm are sums in the accumulator format in ``row_order``, stored in the compute format
+  within ulps("reduce") (the spec since issue 11); Softmax divides by the sum (``two_pass``) or
+  multiplies by its reciprocal (``recip``, torch / onnxruntime); LayerNorm's mean, centred
+  values, squares and variance are compute-format values (``two_pass``) or accumulator values
+  (``two_pass_acc``); ``fused``: one rounding of the exact result.
 
 Values are numpy float64 arrays holding values of the compute format. Dynamic per-tensor scales
 take their amax over the whole operand (``per_sample="whole"``: run one sample at a time) or over
@@ -318,8 +322,11 @@ class Program:
             m = np.max(x, -1, keepdims=True)
             d = self.sub(x, m, salt=1)
             e = self.unary("exp", d)
-            s = ordered_sum(e, self.C, self.rows, self.rng(2))
-            y = self.div(e, s[..., None], salt=3)
+            s = self.row_sum(e, salt=2)[..., None]
+            if self.sm_form == "recip":  # torch / onnxruntime CPU: e * (1 / sum)
+                y = self.mul(e, self.div(1.0, s, salt=3), salt=16)
+            else:
+                y = self.div(e, s, salt=3)
         return np.moveaxis(y, -1, axis)
 
     def layernorm(self, x: np.ndarray, g, b, axis: int, eps: float) -> np.ndarray:
@@ -339,12 +346,14 @@ class Program:
             if b is not None:
                 y = y + b
             return within(y, self.C, 1.0, self.rounding, self.rng(4))
-        s = ordered_sum(xf, self.C, self.rows, self.rng(5))
-        mu = self.div(s, float(n))[..., None]
+        acc = self.ln_form == "two_pass_acc"  # mean and variance kept in the accumulator
+        s = self.row_sum(xf, salt=5, store=not acc)
+        mu = (rnd(s / n, self.A) if acc else self.div(s, float(n)))[..., None]
         c = self.sub(xf, mu, salt=6)
-        sq = self.mul(c, c, salt=7)
-        v = self.div(ordered_sum(sq, self.C, self.rows, self.rng(8)), float(n))[..., None]
-        ve = self.add(v, rnd(eps, self.C), salt=9)
+        sq = rnd(c * c, self.A) if acc else self.mul(c, c, salt=7)
+        ss = self.row_sum(sq, salt=8, store=not acc)
+        v = (rnd(ss / n, self.A) if acc else self.div(ss, float(n)))[..., None]
+        ve = rnd(v + eps, self.A) if acc else self.add(v, rnd(eps, self.C), salt=9)
         if self.rounding == "nearest":
             r = self.div(1.0, self.sqrt(ve))
         else:  # one rsqrt within its ulps
@@ -355,6 +364,12 @@ class Program:
         if b is not None:
             y = self.add(y, b, salt=13)
         return y
+
+    def row_sum(self, t: np.ndarray, salt: int, store: bool = True) -> np.ndarray:
+        """A row sum inside a normalising op: any order in the accumulator format, then (when
+        ``store``) stored in the compute format within ulps("reduce")."""
+        s = ordered_sum(t, self.A, self.rows, self.rng(salt))
+        return self.prim(s, "reduce", salt) if store else s
 
     def reduce_sum(self, x: np.ndarray, axes: tuple[int, ...], keepdims: bool, mean: bool
                    ) -> np.ndarray:

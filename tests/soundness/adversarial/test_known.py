@@ -11,7 +11,9 @@
    must be covered.
 4. Unscaled fp8 products (|q_a q_b| up to 448^2) accumulated in fp16 overflow.
 
-Each test fails on the code before the fix (commit e257b5d) with the figures in the comments.
+Each test fails on the code before the fixes (commit e257b5d) with the figures in the comments;
+all pass since 139a1e3 (row sums), 559ea03 (scale floor, underflow, unscaled products) and
+78c80a7 (the sample axis).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tests.soundness.adversarial.harness import (
     SESSION,
     TRAIN,
     Ledger,
+    Runtime,
     attack,
     chain_model,
     graph_of,
@@ -115,8 +118,9 @@ def test_torch_and_ort_softmax_conform_to_the_training_spec() -> None:
     found = []
     for x in (_flat_row(4096, -0.00605309), _flat_row(4096, -0.00948301),
               (0.5 * np.random.default_rng(3).normal(size=(1, 4096))).astype(np.float32)):
-        torch_prog = lambda f: {"y0": torch.softmax(torch.from_numpy(f["x"]), -1).numpy()}  # noqa: E731
-        ort_prog = lambda f: _ort(model, f)  # noqa: E731
+        torch_prog = Runtime("torch.softmax", lambda f: {
+            "y0": torch.softmax(torch.from_numpy(f["x"]), -1).numpy()})
+        ort_prog = Runtime("onnxruntime", lambda f: _ort(model, f))
         found += attack(led, "softmax/torch-ort", model, TRAIN, TRAIN, {"x": x},
                         [(torch_prog, ort_prog)], domain="interval", graph=g)
     _ok(led, "softmax/torch-ort", found)
@@ -156,18 +160,19 @@ def test_torch_and_ort_layernorm_conform_to_the_training_spec() -> None:
     for mean in (0.0, 1e3, 1e4):
         x = (mean + np.random.default_rng(2).normal(size=(1, 4096))).astype(np.float32)
 
-        def torch_prog(f):
+        def torch_ln(f):
             t = torch.nn.functional.layer_norm(torch.from_numpy(f["x"]), (4096,),
-                                               torch.from_numpy(inits["g"]),
-                                               torch.from_numpy(inits["b"]), 1e-5)
+                                               torch.from_numpy(inits["g"].copy()),
+                                               torch.from_numpy(inits["b"].copy()), 1e-5)
             return {"y0": t.numpy()}
         found += attack(led, "layernorm/torch-ort", model, TRAIN, TRAIN, {"x": x},
-                        [(torch_prog, lambda f: _ort(model, f))], domain="interval", graph=g)
+                        [(Runtime("torch.layer_norm", torch_ln),
+                          Runtime("onnxruntime", lambda f: _ort(model, f)))],
+                        domain="interval", graph=g)
     _ok(led, "layernorm/torch-ort", found)
 
 
 # --- 2. underflow ----------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="issue 11: a dynamic scale fl32(amax/448) = 0 gives 0/0 = NaN")
 def test_zero_dynamic_scale_on_mlp_tiny() -> None:
     """fl32(1e-44 / 448) = 0: the program computes 0/0 = NaN; old code certified 0.0078."""
     led = Ledger()
@@ -178,7 +183,6 @@ def test_zero_dynamic_scale_on_mlp_tiny() -> None:
     _ok(led, "underflow/zero-scale", found)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: a subnormal fp32 scale is off beyond SCALE_SLACK")
 def test_subnormal_dynamic_scale() -> None:
     """amax / 448 in fp32's subnormal range: the scale keeps few bits (relative error up to
     ~1e-2); the weights are 2^100 so that no product or sum underflows: only the scale does.
@@ -201,7 +205,6 @@ def test_subnormal_dynamic_scale() -> None:
     _ok(led, "underflow/subnormal-scale", found)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: accumulation has no absolute underflow term")
 def test_subnormal_accumulation() -> None:
     """A bias-free K=64 MatMul on inputs around 4e-43: the products and partial sums are fp32
     subnormals, each addition's error is absolute (up to 2^-150), not relative.
@@ -224,7 +227,6 @@ def test_subnormal_accumulation() -> None:
 
 
 # --- 3. the sample axis -----------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="issue 11: dynamic_per_tensor grouped by axis 0 of each operand")
 def test_per_sample_scale_with_the_sample_off_axis_0() -> None:
     """x (1, S, D) transposed to (S, 1, D), then a MatMul with a dynamic per-tensor (= per
     sample) activation scale: one scale over the whole operand, not one per position.
@@ -245,7 +247,6 @@ def test_per_sample_scale_with_the_sample_off_axis_0() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 11: dynamic_per_tensor grouped by axis 0 of each operand")
 def test_per_sample_scale_in_a_torch_encoder_layer() -> None:
     """The legacy-exported TransformerEncoderLayer + head, batch 1, domain best.
     old code: drift 7.7x the certified bound (the brief's reviewer: 1.43x)."""
@@ -262,7 +263,6 @@ def test_per_sample_scale_in_a_torch_encoder_layer() -> None:
 
 
 # --- 4. what is accumulated -------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="issue 11: fp16 accumulation of unscaled fp8 products overflows")
 def test_fp16_accumulation_of_unscaled_fp8_products() -> None:
     """q_a q_b up to 448^2 = 200704 > 65504: an fp16 accumulator of unscaled products
     overflows (inf, then NaN); old code certified 0.37 on mlp_tiny and a finite bound here."""

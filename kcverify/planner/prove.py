@@ -349,7 +349,7 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
         except RuleError as e:
             skipped.append(f"{rule}: {e}")
             continue
-        tried.append((unfx(agg["conclusion"]["bounds"][0]), rule, agg))
+        tried.append((unfx(agg["conclusion"]["bounds"][0]) + 0.0, rule, agg))  # -0 reads 0
     if not tried:
         return None, None, f"'{query_text(q)}': no rule applies ({'; '.join(skipped)})"
     pick = min if entry.upper else max

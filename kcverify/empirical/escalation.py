@@ -5,14 +5,15 @@
   clause is violated (refuted or failed); otherwise the action taken is "none".
 * Health score (the paper's H over the recent window), defined here as
 
-      H = 1 - sum_c w_c * d_c / sum_c w_c,   d_c = min(1, max(0, (v_c - tau_c) / |tau_c|))
+      H = sum_c w_c * d_c / sum_c w_c,   d_c = min(1, max(0, (v_c - tau_c) / |tau_c|))
 
   for a "<=" clause (for ">=": (tau_c - v_c) / |tau_c|), where v_c is the clause's observed value
   (over a window of recent observations: the mean of d_c over the last ``window`` values), tau_c its
   threshold, and w_c its level's weight (L0 = 0.5, L1 = 1, L2 = 2, L3 = 3). With tau_c = 0, d_c is 1 when
-  violated, else 0. So H is in [0, 1]: 1 when every clause meets its threshold, 0 when every
-  clause misses it by 100 % or more. Clauses with no finite observed value (none measured, or a
-  vacuous bound) are left out; with none, H = 1.
+  violated, else 0. So H is in [0, 1]: 0 when every clause meets its threshold (healthy), 1 when
+  every clause misses it by 100 % or more; it rises as the kernel drifts (the paper's H, the same
+  number `kcverify monitor` reports per window). Clauses with no finite observed value (none
+  measured, or a vacuous bound) are left out; with none, H = 0.
 * Routing: the most severe action among violated clauses
   (block > fallback > guard > warn > log > none).
 """
@@ -80,7 +81,7 @@ def deviation(value: float, threshold: float, direction: str) -> float:
 
 
 def health_score(terms: Sequence[HealthTerm], window: int | None = None) -> float:
-    """H = 1 - sum w_c d_c / sum w_c, d_c averaged over the last ``window`` values (all if None)."""
+    """H = sum w_c d_c / sum w_c, d_c averaged over the last ``window`` values (all if None)."""
     num = den = 0.0
     for t in terms:
         vals = [float(v) for v in t.values if v is not None and math.isfinite(v)]
@@ -92,7 +93,7 @@ def health_score(terms: Sequence[HealthTerm], window: int | None = None) -> floa
         d = sum(deviation(v, t.threshold, t.direction) for v in vals) / len(vals)
         num += w * d
         den += w
-    return 1.0 if den == 0 else 1.0 - num / den
+    return 0.0 if den == 0 else num / den
 
 
 def health_terms(results: Sequence[ClauseResult],

@@ -12,8 +12,7 @@ w_c the clause level's weight (L0 0.5, L1 1, L2 2, L3 3),
     H = sum_c w_c d_c / sum_c w_c          (over clauses with a value in the window)
 
 H is 0 while every clause meets its threshold and rises towards 1 as clauses miss theirs; it is
-1 - the ``health`` score of ``kcverify prove``'s report (escalation.health_score), which JSON
-output also gives as ``health_score``. Static clauses are not in H (they do not change between
+the same H as the ``health`` of ``kcverify prove``'s report (escalation.health_score). Static clauses are not in H (they do not change between
 windows). The action is the escalation policy's: the most severe action prescribed by a clause
 violated in the window (L1 log, L2 guard, L3 fallback by default; a clause's own action wins);
 ``none`` when no clause is violated. ``health_threshold`` (default 0.1) is the H a window may
@@ -39,8 +38,9 @@ MAX_FLAGGED = 5
 
 def health(outcomes: Sequence[ClauseOutcome]) -> float | None:
     """H = sum_c w_c d_c / sum_c w_c over the non-static outcomes with a deviation (module
-    docstring); None when no clause has a value. Equals 1 - escalation.health_score on the same
-    values; a NaN measurement counts as d = 1."""
+    docstring); None when no clause has a value. The same H as escalation.health_score (the
+    ``health`` of ``kcverify prove``'s report) on the same values; a NaN measurement counts as
+    d = 1."""
     num = den = 0.0
     for o in outcomes:
         if o.method == "static" or o.deviation is None:
@@ -80,7 +80,6 @@ class WindowResult:
         return {
             "index": self.index, "start": format_time(self.start), "end": format_time(self.end),
             "n": self.n, "builds": self.builds, "health": self.health,
-            "health_score": None if self.health is None else 1.0 - self.health,
             "action": self.action, "violated": [c.id for c in self.violated],
             "clauses": [c.to_json() for c in self.clauses], "flagged": self.flagged,
             "skipped": self.skipped, "complete": self.complete,

@@ -148,7 +148,7 @@ def render_html(report: Report, title: str | None = None) -> str:
     verdict, tone = report.headline()
     cards = [
         ("verdict", verdict, tone),
-        ("health H", health, "good" if (report.health or 0) >= 0.999 else "bad" if report.ok is False else ""),
+        ("health H", health, "good" if (report.health or 0) <= 1e-3 else "bad" if report.ok is False else ""),
         ("action", report.action, "bad" if report.action != "none" else "good"),
         ("clauses", report.summary(), tone),
     ]

@@ -47,11 +47,11 @@ def test_health_by_hand() -> None:
         HealthTerm("L2", 0.99, ">=", [0.999]),      # d = 0,    w = 2
         HealthTerm("L3", 0.05, "<=", [0.04, 0.1]),  # d = (0 + 1) / 2 = 0.5, w = 3
     ]
-    assert health_score(terms) == pytest.approx(1 - (1 * 0.25 + 3 * 0.5) / 6)
+    assert health_score(terms) == pytest.approx((1 * 0.25 + 3 * 0.5) / 6)
     # window 1: only the last value counts: d_L3 = 1
-    assert health_score(terms, window=1) == pytest.approx(1 - (0.25 + 3 * 1.0) / 6)
-    assert health_score([]) == 1.0
-    assert 0.0 <= health_score([HealthTerm("L3", 1.0, "<=", [1e9])]) == 0.0
+    assert health_score(terms, window=1) == pytest.approx((0.25 + 3 * 1.0) / 6)
+    assert health_score([]) == 0.0
+    assert health_score([HealthTerm("L3", 1.0, "<=", [1e9])]) == 1.0
 
 
 def test_escalate_fills_report() -> None:
@@ -68,9 +68,9 @@ def test_escalate_fills_report() -> None:
     assert [c.action_taken for c in r.clauses] == ["none", "guard", "none", "none"]
     assert r.action == "guard" and r.exit_code == 1
     d = (0.99 - 0.9) / 0.99
-    assert r.health == pytest.approx(1 - 2 * d / (2 + 2 + 1))
+    assert r.health == pytest.approx(2 * d / (2 + 2 + 1))
     r2 = escalate(Report("c", "m", results[:1] + results[2:3]))
-    assert r2.action == "none" and r2.health == 1.0 and r2.exit_code == 0
+    assert r2.action == "none" and r2.health == 0.0 and r2.exit_code == 0
 
 
 def test_health_ignores_values_that_are_not_finite() -> None:
@@ -89,5 +89,5 @@ def test_history_window_from_earlier_reports() -> None:
     now = ClauseResult("R-1", "runtime", "passed", "clopper-pearson", value=30.0,
                        threshold=40.0, level="L1")
     # window 2: values 50 (d = 0.25) and 30 (d = 0) -> H = 1 - 0.125
-    assert escalate(Report("c", "m", [now]), history=hist, window=2).health == pytest.approx(0.875)
-    assert escalate(Report("c", "m", [now]), history=hist).health == pytest.approx(1 - 0.75 / 3)
+    assert escalate(Report("c", "m", [now]), history=hist, window=2).health == pytest.approx(0.125)
+    assert escalate(Report("c", "m", [now]), history=hist).health == pytest.approx(0.75 / 3)

@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("id")
     r.add_argument("--reason", required=True)
     r.set_defaults(func=_revoke)
-    lg = rs.add_parser("log", help="the decision log (admit, reject, revoke) with reasons")
+    lg = rs.add_parser("log", help="the decision log (admit, reject, revoke) with reasons, and the "
+                                   "promotion decisions of kcverify promote")
     lg.add_argument("--json", action="store_true")
     lg.set_defaults(func=_log)
 
@@ -141,11 +142,15 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 def _log(args: argparse.Namespace) -> int:
-    ds = _registry(args).decisions()
+    reg = _registry(args)
+    ds, ps = reg.decisions(), reg.promotions()
     if args.json:
-        print(json.dumps(ds, indent=1, sort_keys=True))
+        print(json.dumps({"decisions": ds, "promotions": ps}, indent=1, sort_keys=True))
         return 0
     for d in ds:
         entry = f"entry {d['entry_id']}" if d["entry_id"] is not None else "no entry"
         print(f"{d['id']:>4}  {d['at']}  {d['action']:<6}  {entry}: {d['reason']}")
+    for p in ps:
+        model = (p.get("model_sha256") or "?")[:12]
+        print(f"   p{p['id']:<3} {p['at']}  promote {p['stage']:<6} {p['decision']:<5}  model {model}")
     return 0

@@ -35,6 +35,14 @@ def test_stage_go_on_clean_no_go_on_faulty(e5, tmp_path, capsys, stage):
     assert [r["decision"] for r in log] == ["go", "no-go"] and rec["log_id"] == log[1]["id"]
     assert log[1]["record"]["kernel"]["build"] == "2025.06-r2"
     assert log[1]["record"]["traces"][0]["sha256"] and log[1]["model_sha256"]
+    # and `kcverify registry log` shows both decisions, as text and as JSON
+    capsys.readouterr()
+    assert main(["registry", "--registry", str(reg), "log"]) == 0
+    out = capsys.readouterr().out
+    assert f"promote {stage}" in out and "no-go" in out
+    assert main(["registry", "--registry", str(reg), "log", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [p["decision"] for p in body["promotions"]] == ["go", "no-go"]
 
 
 def test_canary_must_show_table(e5, tmp_path, capsys):

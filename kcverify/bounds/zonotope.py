@@ -375,6 +375,22 @@ class ZonoTrack:
         return Form(f.c, torch.cat([f.G, g_new.reshape(idx.numel(), *f.shape)], 0), f.r,
                     torch.cat([f.ids, new_ids])).cap(self.cap_for(f))
 
+    def row_symbols(self, f: Form, coefs: list[torch.Tensor]) -> Form:
+        """For each coefficient tensor (f's shape), one new symbol per row (the last axis): an
+        error a normalising op shares across its row."""
+        n = f.c.shape[-1]
+        rows = f.c.numel() // max(n, 1)
+        blocks = []
+        idx = torch.arange(rows, device=f.c.device)
+        for coef in coefs:
+            g = torch.zeros((rows, rows, n), dtype=F64, device=f.c.device)
+            g[idx, idx] = coef.expand(f.shape).reshape(rows, n)
+            blocks.append(g.reshape(rows, *f.shape))
+        new = torch.cat(blocks, 0)
+        ids = torch.arange(self.k, self.k + new.shape[0], dtype=torch.int64)
+        self.k += new.shape[0]
+        return Form(f.c, torch.cat([f.G, new], 0), f.r, torch.cat([f.ids, ids])).cap(self.cap_for(f))
+
     def symbolize(self, z: ZState) -> ZState:
         """Fresh symbols for both kernels' r (before an op that mixes elements)."""
         return ZState(self.fresh(z.t), self.fresh(z.i))
@@ -1035,7 +1051,7 @@ def _rsqrt_drange(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, tor
 
 @zrule("LayerNormalization")
 def _layernorm(zt, ctx, states, boxes, results):
-    from kcverify.bounds.rules.normalization import _norm_parts, _realized_err
+    from kcverify.bounds.rules.normalization import _norm_parts, _realized_err, ln_error_parts
 
     x, scale, bias = (list(states) + [None, None])[:3]
     if not isinstance(x, ZState):
@@ -1069,6 +1085,8 @@ def _layernorm(zt, ctx, states, boxes, results):
             return None
         y = f_mul(xc, rs)
         g_mag = torch.ones_like(lo)
+        gain = torch.ones_like(lo[..., :1].reshape(-1)[:1]).expand(n)  # a constant gain vector
+        y_nb = y
         for pos, s in ((1, scale), (2, bias)):
             if s is None:
                 continue
@@ -1080,14 +1098,43 @@ def _layernorm(zt, ctx, states, boxes, results):
                       sf.r.expand(shape[axis:]).reshape(nf))
             if pos == 1:
                 g_mag = (sf.c.abs() + sf.rad()).expand_as(lo)
-                y = f_scale(y, sf.c) if sf.k == 0 and not bool((sf.r > 0).any()) else f_mul(y, sf)
+                const = sf.k == 0 and not bool((sf.r > 0).any())
+                gain = sf.c if const else None
+                y = f_scale(y, sf.c) if const else f_mul(y, sf)
+                y_nb = y
             else:
                 y = f_add(y, sf)
         y_lo, y_hi = y.bounds()
-        err = _realized_err(spec, lo, hi, c_p, r_p, v_p, eps, g_mag, mag(y_lo, y_hi))
-        y = _add_err(y, err)
+        rows = math.prod(lead) if lead else 1
+        parts = ln_error_parts(spec, lo, hi, (v_lo - eps).clamp_min(0.0), eps)
+        if gain is not None and bool(parts[2].all()) and 2 * rows * f.c.numel() <= ELEMENT_BUDGET // 4:
+            y = _ln_row_errors(zt, spec, y, y_nb, parts, gain, c_p, v_lo)
+        else:
+            err = _realized_err(spec, lo, hi, c_p, r_p, v_p, eps, g_mag, mag(y_lo, y_hi))
+            y = _add_err(y, err)
         out.append(y.like(y.c.reshape(shape), y.G.reshape(y.k, *shape), y.r.reshape(shape)))
     return ZState(*out) if len(results) == 1 else (ZState(*out),) + (None,) * (len(results) - 1)
+
+
+def _ln_row_errors(zt: ZonoTrack, spec: KernelSpec, y: Form, y_nb: Form, parts: tuple,
+                   gain: torch.Tensor, c_p: tuple, v_lo: torch.Tensor) -> Form:
+    """A LayerNorm's kernel error with the row structure kept (rules/normalization.py):
+    y~_j - y_j = rho g_j x_hat_j - e_mu r (1 + rho) g_j + per-element roundings, where the
+    mean's error e_mu and the rstd's relative error rho are one value per row. Each becomes one
+    symbol per row (coefficients rho_r * centre(g x_hat), and E r_hi (1 + rho_r) g), so a row's
+    common shift reaches the next layer through g^T W with its signs, not |g|^T |W|."""
+    e_mu, rho_r, _, alpha = parts
+    u, eta = spec.compute.u, spec.compute.eta
+    r_hi = pad_hi(1.0 / torch.sqrt(pad_lo(v_lo)))  # v_lo includes eps
+    c_mag = mag(*c_p)
+    g_abs = gain.abs()
+    coef_mu = (e_mu * (1 + rho_r) * r_hi) * gain
+    coef_r = rho_r * y_nb.c
+    noise = (rho_r * y_nb.rad() + g_abs * r_hi * (c_mag + e_mu) * (1 + rho_r) * alpha) * (1 + 1e-6)
+    y_lo, y_hi = y.bounds()
+    total = mag(y_lo, y_hi) + coef_mu.abs() + coef_r.abs() + noise
+    noise = pad_hi(noise + 1.01 * spec.ulp("add") * u * total + 4 * eta, 1e-6)
+    return zt.row_symbols(_add_err(y, noise), [coef_mu, coef_r])
 
 
 @zrule("Softmax")

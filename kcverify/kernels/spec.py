@@ -29,11 +29,12 @@ Pure Python (the DSL imports this). The semantics a spec fixes, for every progra
 * Softmax: subtract the row max (add), exp (ulps["exp"]), the row sum above, then one division
   or the reciprocal of the sum times each term (div, then mul: torch's and onnxruntime's CPU
   kernels);
-* LayerNormalization: the row's mean and variance in the accumulator format either by sums
-  (two-pass: mean = sum/n, var = sum((x - mean)^2)/n; onnxruntime, ONNX's function body) or by
-  Welford / Chan updates combined in a tree of depth <= 32 + ceil(log2 n) (torch's
-  RowwiseMoments), then r = rsqrt(var + eps) (ulps["rsqrt"], or sqrt then div) and
-  y = ((x - mean) * r) * g + b, each operation correctly rounded in the compute format.
+* LayerNormalization: the row's mean and variance in the accumulator format by sums in any
+  order (two-pass: mean = sum/n, var = sum((x - mean)^2)/n; onnxruntime, ONNX's function body,
+  the realizer) - and, with ``moments: welford``, also by Welford / Chan updates combined in a
+  tree of depth <= 32 + ceil(log2 n) (torch's CPU RowwiseMoments; a wider bound) - then
+  r = rsqrt(var + eps) (ulps["rsqrt"], or sqrt then div) and y = ((x - mean) * r) * g + b, each
+  operation correctly rounded in the compute format (torch: (x + (-mean)) * r * g + b).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from kcverify.kernels.formats import Format, get_format
 WEIGHT_SCALES = ("none", "per_tensor", "per_channel", "per_block", "static")
 ACTIVATION_SCALES = ("none", "static", "dynamic_per_tensor", "dynamic_per_token", "dynamic_per_block")
 ROUNDINGS = ("nearest", "any")
+MOMENTS = ("sums", "welford")
 # Default error, in ulps of the compute format, of each primitive a conforming program may use.
 DEFAULT_ULPS: dict[str, float] = {
     "add": 1, "mul": 1, "div": 1, "sqrt": 1, "exp": 2, "log": 2, "tanh": 2, "erf": 2,
@@ -110,6 +112,7 @@ class KernelSpec:
     rounding: str = "nearest"
     ulps: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_ULPS))
     onnx: str | None = None  # a second ONNX graph (e.g. QDQ) that *is* this kernel
+    moments: str = "sums"  # LayerNorm's mean and variance: "sums" (two-pass) or "welford" too
 
     def ulp(self, primitive: str) -> float:
         return float(self.ulps.get(primitive, DEFAULT_ULPS.get(primitive, 2)))
@@ -128,6 +131,8 @@ class KernelSpec:
             out["activations"] = self.activations.canonical()
         if self.onnx is not None:
             out["onnx"] = self.onnx
+        if self.moments != "sums":
+            out["moments"] = self.moments
         return out
 
 
@@ -214,7 +219,8 @@ def parse_kernel_spec(name: str, raw: Any, locate: Locate | None = None) -> Kern
     path = ("kernels", name)
     if not isinstance(raw, Mapping):
         raise _fail(locate, path, f"kernel {name!r} must be a mapping")
-    allowed = {"compute", "accumulate", "weights", "activations", "rounding", "ulps", "onnx"}
+    allowed = {"compute", "accumulate", "weights", "activations", "rounding", "ulps", "onnx",
+               "moments"}
     for key in raw:
         if key not in allowed:
             raise _fail(locate, (*path, str(key)),
@@ -246,4 +252,8 @@ def parse_kernel_spec(name: str, raw: Any, locate: Locate | None = None) -> Kern
     onnx_path = raw.get("onnx")
     if onnx_path is not None and not isinstance(onnx_path, str):
         raise _fail(locate, (*path, "onnx"), "onnx must be a path to a second ONNX graph")
-    return KernelSpec(name, compute, accumulate, weights, acts, rounding, ulps, onnx_path)
+    moments = str(raw.get("moments", "sums"))
+    if moments not in MOMENTS:
+        raise _fail(locate, (*path, "moments"),
+                    f"unknown moments {moments!r}; expected one of {', '.join(MOMENTS)}")
+    return KernelSpec(name, compute, accumulate, weights, acts, rounding, ulps, onnx_path, moments)

@@ -179,3 +179,35 @@ def test_realizer_sums_rows_in_its_order() -> None:
     a = run_kernel(g, FP32, {"x": x}, order="sequential")["y"].numpy()
     b = run_kernel(g, FP32, {"x": x}, order="pairwise")["y"].numpy()
     assert not np.array_equal(a, b)
+
+
+def _layernorm_welford(x: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    """An independent fp32 LayerNorm whose moments come from sequential Welford updates (the
+    family torch's CPU kernel belongs to), then (x - mean) * rstd."""
+    x = x.astype(np.float32)
+    mean = np.zeros(x.shape[:-1] + (1,), np.float32)
+    m2 = np.zeros_like(mean)
+    for k in range(x.shape[-1]):
+        xk = x[..., k:k + 1]
+        delta = (xk - mean).astype(np.float32)
+        mean = (mean + (delta * np.float32(1.0 / (k + 1))).astype(np.float32)).astype(np.float32)
+        m2 = (m2 + (delta * (xk - mean).astype(np.float32)).astype(np.float32)).astype(np.float32)
+    var = (m2 / np.float32(x.shape[-1])).astype(np.float32)
+    r = (np.float32(1) / np.sqrt(var + np.float32(eps))).astype(np.float32)
+    return ((x - mean).astype(np.float32) * r).astype(np.float64)
+
+
+def test_welford_moments_are_an_opt_in_family() -> None:
+    """``moments: welford`` admits Welford / Chan trees too: a wider bound that holds a
+    sequential fp32 Welford program and contains the two-pass bound."""
+    n = 256
+    welford = parse_kernel_spec("train", {"compute": "fp32", "accumulate": "fp32",
+                                          "moments": "welford"})
+    assert welford.canonical()["moments"] == "welford" and "moments" not in FP32.canonical()
+    g = from_onnx(_model("LayerNormalization", n, 2))
+    x = (1e3 + np.random.default_rng(4).standard_normal((2, n))).astype(np.float32)
+    wide = certify_drift(g, welford, welford, {"x": x}, domain="interval").outputs["y"]
+    sums = certify_drift(g, FP32, FP32, {"x": x}, domain="interval").outputs["y"]
+    assert np.all(wide.train_lo <= sums.train_lo) and np.all(sums.train_hi <= wide.train_hi)
+    assert np.any(wide.train_hi - wide.train_lo > sums.train_hi - sums.train_lo)
+    _inside(wide, _layernorm_welford(x))

@@ -13,7 +13,8 @@ and the realizer: the same order):
   order (reduce.row_sum_factor: (n - 1) u_acc sum |x|), stored with ulps("reduce"); then
   v~ = fl(sum fl((x - mu~)^2) / n). Since sum (x - mu~)^2 / n = v + e_mu^2 exactly (the cross
   term vanishes), |v~ - v| <= rho_2 (v + e_mu^2) + e_mu^2 + eta-terms.
-* Welford / Chan updates combined in a binary tree of depth <= D = WELFORD_DEPTH + ceil(log2 n)
+* with ``moments: welford`` in the spec, also Welford / Chan updates combined in a binary tree
+  of depth <= D = WELFORD_DEPTH + ceil(log2 n)
   (torch's RowwiseMoments: Welford chains of <= 16 inside a chunk, a pairwise cascade across
   chunks and SIMD lanes, a tail of < one vector: depth <= 26 + log2 n with 16 lanes): a node's
   mean mu_a + c (mu_b - mu_a) rounds by <= (1 + 6c) u_acc max|x|, so along any path
@@ -22,7 +23,7 @@ and the realizer: the same order):
   of delta^2 w (w = n_a n_b / n, sum w <= n log2 n) gets relative rounding
   <= (1 + u)^(2D + 8) - 1 and, from the children's mean errors, <= 4 E sqrt(M n log2 n)
   + 4 E^2 n log2 n (Cauchy-Schwarz; Chan, Golub & LeVeque 1983 for the first-order behaviour).
-The bound is the larger of the two families'. The rsqrt (ulps("rsqrt"), or sqrt then div) of
+The bound is the larger of the families' the spec admits. The rsqrt (ulps("rsqrt"), or sqrt then div) of
 v~ + eps is then within (1 - a)^(-1/2) (1 + k u) - 1 relative of r = (v + eps)^(-1/2), with
 a = max |v~ - v| / (v + eps), and the realised y_j within
 |g_j| r (e_mu (1 + rho) + |c_j| rho) + u_out |y_j| + eta-terms of the exact value at the same
@@ -129,28 +130,45 @@ def _var_rel(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, v_lo: torch.T
     return pad_hi(torch.maximum(a_2, a_w), 1e-6)
 
 
-def _realized_err(spec: KernelSpec, lo, hi, c, r, v, eps, g_mag, y_mag) -> torch.Tensor:
-    """|y_realized - layernorm(x)| bound for x in [lo, hi] (module doc): the moments' errors,
-    the rsqrt's, and the roundings of the centring, the scalings and the bias."""
-    u, eta = spec.compute.u, spec.compute.eta
+def ln_error_parts(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, v_lo: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """Per row: (E, rho_r, ok, alpha) with |mu~ - mu| <= E, |r~ / r - 1| <= rho_r (where ok),
+    and alpha the relative rounding of the centring and the two products (module doc). The
+    Welford family counts only for a spec with ``moments: welford``."""
+    u = spec.compute.u
     e_sums, e_tree, k_sum, a_sum = _mean_errors(spec, lo, hi)
+    if getattr(spec, "moments", "sums") != "welford":
+        e_tree = torch.zeros_like(e_tree)
     e_mu = torch.maximum(e_sums, e_tree)
-    a = _var_rel(spec, lo, hi, v[0], eps, e_sums, e_tree, k_sum, a_sum)
+    a = _var_rel(spec, lo, hi, v_lo, eps, e_sums, e_tree, k_sum, a_sum)
     # rsqrt of fl(v~ + eps): rsqrt, or sqrt then a division (ulps; products of the two are
     # second order, covered by the 0.01), and the addition's rounding halved by the root
     k_r = max(spec.ulp("rsqrt"), spec.ulp("sqrt") + spec.ulp("div")) + 0.5 * spec.ulp("add") + 0.01
     ok = a < 0.5
     a_safe = torch.where(ok, a, torch.zeros_like(a))
     rho_r = (1 - a_safe) ** -0.5 * (1 + k_r * u) * (1 + 1e-9) - 1
-    k_mul, k_add = spec.ulp("mul"), spec.ulp("add")
-    rho = (1 + k_add * u) * (1 + k_mul * u) ** 2 * (1 + rho_r) - 1
+    alpha = (1 + spec.ulp("add") * u) * (1 + spec.ulp("mul") * u) ** 2 - 1
+    return e_mu, rho_r, ok, alpha
+
+
+def ln_r_max(spec: KernelSpec, eps: float) -> float:
+    """r~ <= eps^-1/2 (1 + k u) whatever the moments: v~ >= 0 in both families."""
+    k_r = max(spec.ulp("rsqrt"), spec.ulp("sqrt") + spec.ulp("div")) + 0.5 * spec.ulp("add") + 0.01
+    return (1.0 / math.sqrt(eps) if eps > 0 else math.inf) * (1 + k_r * spec.compute.u) * (1 + 1e-9)
+
+
+def _realized_err(spec: KernelSpec, lo, hi, c, r, v, eps, g_mag, y_mag) -> torch.Tensor:
+    """|y_realized - layernorm(x)| bound for x in [lo, hi] (module doc): the moments' errors,
+    the rsqrt's, and the roundings of the centring, the scalings and the bias."""
+    u, eta = spec.compute.u, spec.compute.eta
+    e_mu, rho_r, ok, alpha = ln_error_parts(spec, lo, hi, v[0], eps)
+    k_add = spec.ulp("add")
+    rho = (1 + alpha) * (1 + rho_r) - 1
     c_mag = mag(*c)
     err = g_mag * r[1] * (e_mu * (1 + rho) + c_mag * rho) * (1 + 1e-6)
     # the moments may be off by anything the families allow: r~ <= eps^-1/2 (1 + k u) and
     # |x - mu~| <= |c| + e_mu still hold
-    r_max = (1.0 / math.sqrt(eps) if eps > 0 else math.inf) * (1 + k_r * u) * (1 + 1e-9)
-    wide = g_mag * ((c_mag + e_mu) * r_max * (1 + k_add * u) * (1 + k_mul * u) ** 2
-                    + c_mag * r[1]) * (1 + 1e-6)
+    wide = g_mag * ((c_mag + e_mu) * ln_r_max(spec, eps) * (1 + alpha) + c_mag * r[1]) * (1 + 1e-6)
     err = torch.where(ok, err, wide)
     err = err + (1.01 * k_add * u) * y_mag + (1.01 * k_add * u) * err + 4 * eta
     return pad_hi(err, 1e-6)

@@ -19,7 +19,8 @@ Pure Python (the DSL imports this). The semantics a spec fixes, for every progra
   multiplied by its scales (one rounding in the accumulator) and the blocks summed there. So an
   accumulator that can overflow (fp16: 448^2 > 65504) makes the bound infinite, and the
   underflow of every rounding is an absolute eta_acc (times the scales) per term;
-* casts round to nearest-even unless ``rounding: any`` (then any neighbour of the exact value);
+* casts round to nearest-even unless ``rounding: any`` (then any neighbour of the exact value: an
+  error below one spacing, |Q(a) - a| <= 2u|a| + 2 eta s, against u|a| + eta s to nearest);
 * every sum over a tensor's elements - a standalone ReduceSum / ReduceMean, and the row sums
   inside normalising ops (Softmax's sum of exps, LayerNormalization's mean and variance) - is a
   reduction like a dot product's: its n terms are added in any order (any evaluation tree) in

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import math
+from fractions import Fraction
 from typing import Any
 
 from kcverify.certs.encoding import fx, unfx, unfx_list
@@ -75,6 +76,7 @@ class SmtBlock(Rule):
             inf = spec_from_canonical("inf", kernels["inf"])
         except Exception as e:  # noqa: BLE001 - any malformed spec is a bad application
             raise RuleError(f"smt-block: params.kernels: {e}") from None
+        _bind_to_contract(graph, train, inf, params, eps, ctx)
         tensor = str(params["tensor"])
         if [v.name for v in graph.outputs] != [tensor]:
             raise RuleError(f"smt-block: the block's outputs are {[v.name for v in graph.outputs]}, "
@@ -99,6 +101,51 @@ class SmtBlock(Rule):
         if "slice" in params:  # the contract slice the input points come from
             out["slice"] = str(params["slice"])
         return out
+
+
+def _bind_to_contract(graph: Any, train: Any, inf: Any, params: dict[str, Any], eps: float,
+                      ctx: RuleContext) -> None:
+    """What the leaf re-solves must be the certified problem, not one the certificate chose:
+    its kernels are the contract's (when the checker knows them), and a conclusion carried into a
+    clause over a slice is about the whole model on boxes that contain every input of that slice
+    (sample by sample, |x_slice - x_i| <= eps), when the checker can read the slice."""
+    if ctx.kernel_specs is not None:
+        for name, spec in (("train", train), ("inf", inf)):
+            want = ctx.kernel_specs.get(name)
+            want = want.canonical() if hasattr(want, "canonical") else want
+            if want is None or spec.canonical() != dict(want):
+                raise RuleError(f"smt-block: params.kernels.{name} is not the contract's kernel "
+                                f"{name!r}")
+    if "slice" not in params or ctx.input_region is None:
+        return
+    import numpy as np
+
+    if ctx.expected_chain is not None:
+        blocks_of = _component("kcverify.bounds.engine", "blocks_of")
+        if [b.digest for b in blocks_of(graph)] != [d for _, d in ctx.expected_chain]:
+            raise RuleError("smt-block: a conclusion over a slice needs the block to be the whole "
+                            "model")
+    region = ctx.input_region(str(params["slice"]))
+    names = [v.name for v in graph.inputs]
+    if set(region) != set(names) or len(names) != 1:
+        raise RuleError(f"smt-block: the block's inputs {names} are not the model inputs "
+                        f"{sorted(region)} of slice {params['slice']!r}")
+    box = region[names[0]]
+    lo = np.asarray(box.train_lo, dtype=np.float64)
+    hi = np.asarray(box.train_hi, dtype=np.float64)
+    points = params["inputs"]
+    if lo.shape[0] != len(points):
+        raise RuleError(f"smt-block: {len(points)} input points for the {lo.shape[0]} inputs of "
+                        f"slice {params['slice']!r}")
+    e = Fraction(eps)
+    for i, point in enumerate(points):
+        x = unfx_list(point, f"smt-block params.inputs[{i}]")
+        lo_i, hi_i = lo[i].reshape(-1).tolist(), hi[i].reshape(-1).tolist()
+        # exact rationals: [lo, hi] of the slice inside [x - eps, x + eps]
+        if len(x) != len(lo_i) or not all(Fraction(xv) - e <= Fraction(a) and Fraction(b) <= Fraction(xv) + e
+                                          for xv, a, b in zip(x, lo_i, hi_i)):
+            raise RuleError(f"smt-block: input point {i} +- eps does not contain input {i} of "
+                            f"slice {params['slice']!r}")
 
 
 def _component(module: str, attr: str) -> Any:

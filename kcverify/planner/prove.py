@@ -389,6 +389,14 @@ def _try_smt(s: Session, b: Any, q: NumericalQuery) -> dict[str, Any] | None:
         from kcverify.smt import smt_decide_block
     except ImportError:  # pragma: no cover - z3 is a dependency
         return None
+    if eps > 0:
+        # the checker holds the leaf to boxes that contain the slice's region as it reads it
+        # (x -+ eps rounded outward, within 2 ulps of the exact edges): widen eps by 4 ulps
+        import numpy as np
+
+        top = max(float(np.abs(np.asarray(v, dtype=np.float64)).max(initial=0.0))
+                  for v in s.feeds(q.slice).values()) + eps
+        eps = math.nextafter(eps + 4 * math.ulp(top), math.inf)
     tau = float(q.threshold) if q.op == "<=" else math.nextafter(float(q.threshold), -math.inf)
     s.say(f"interval bound misses {q.op} {q.threshold:g} on {q.slice!r}; trying SMT (z3)")
     try:

@@ -10,7 +10,7 @@ from kcverify.certs.encoding import fx
 from kcverify.cli import main
 
 
-def test_smt_proves_what_intervals_miss(tmp_path: Path, workspace) -> None:  # type: ignore[no-untyped-def]
+def test_smt_proves_what_intervals_miss(tmp_path: Path, workspace, capsys) -> None:  # type: ignore[no-untyped-def]
     model, contract = workspace("mlp_tiny.onnx", "mlp-box.yaml")
     cert, report = tmp_path / "box.kcert.json", tmp_path / "r.json"
     assert main(["prove", str(contract), str(model), "--cert", str(cert), "--report", str(report),
@@ -21,6 +21,26 @@ def test_smt_proves_what_intervals_miss(tmp_path: Path, workspace) -> None:  # t
     leaf = stmt["predicate"]["clauses"][0]["proof"]["premises"][0]["premises"][0]
     assert leaf["rule"] == "smt-block" and stmt["predicate"]["blocks"] == {}
     assert main(["check", str(cert), str(model), str(contract)]) == 0
+    original = json.dumps(stmt)
+
+    def forged(edit) -> str:  # type: ignore[no-untyped-def]
+        """check's output on the certificate with one edit to the smt-block leaf's params."""
+        st = json.loads(original)
+        edit(st["predicate"]["clauses"][0]["proof"]["premises"][0]["premises"][0]["params"])
+        cert.write_text(json.dumps(st))
+        capsys.readouterr()
+        assert main(["check", str(cert), str(model), str(contract)]) == 1
+        return capsys.readouterr().out
+
+    # a leaf may not choose its own problem: the kernels are the contract's, and the points it
+    # re-solves contain the slice's inputs
+    def weaker_inf(params):  # type: ignore[no-untyped-def]
+        params["kernels"]["inf"]["activations"]["scale"] = "none"
+    assert "is not the contract's kernel 'inf'" in forged(weaker_inf)
+
+    def elsewhere(params):  # type: ignore[no-untyped-def]
+        params["inputs"] = [[fx(float.fromhex(v) + 0.5) for v in p] for p in params["inputs"]]
+    assert "does not contain input 0 of slice 'box'" in forged(elsewhere)
     leaf["params"]["claim"] = [fx(0.1)]  # below z3's maximum: does not re-solve
     leaf["conclusion"]["bounds"] = [fx(0.1)]
     cert.write_text(json.dumps(stmt))

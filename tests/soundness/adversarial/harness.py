@@ -41,11 +41,13 @@ class ClassStats:
     violations: list[str] = field(default_factory=list)
     worst_drift: float = 0.0
     worst_excursion: float = 0.0
+    errors: list[str] = field(default_factory=list)  # the engine raised instead of bounding
 
     def line(self, name: str) -> str:
+        err = f"  engine errors {len(self.errors)}" if self.errors else ""
         return (f"{name:40s} pairs {self.pairs:9d}  violations {len(self.violations):6d}  "
                 f"worst obs/cert drift {self.worst_drift:9.4g}  worst excursion "
-                f"{self.worst_excursion:9.4g}")
+                f"{self.worst_excursion:9.4g}{err}")
 
 
 def _inside(v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -117,6 +119,7 @@ class Ledger:
             me.violations.extend(st.violations)
             me.worst_drift = max(me.worst_drift, st.worst_drift)
             me.worst_excursion = max(me.worst_excursion, st.worst_excursion)
+            me.errors.extend(st.errors)
 
 
 # one ledger for the session: conftest prints it at the end

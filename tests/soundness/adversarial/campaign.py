@@ -1,0 +1,168 @@
+"""The adversarial campaign: >= 10^6 (input, conforming program pair) checks across the shipped
+models, every rule case and a torch-exported encoder layer, per attack class.
+
+    led = run_campaign(scale=1.0, seed=0, log=print)   # ~10^6 pairs at scale 1
+    print(led.report())
+
+Classes (a pair = one input row checked against one (training, inference) program pair):
+
+* ``campaign/mlp/<model>/<spec>/<kind>``: a batch of inputs (normal, fp8 midpoints,
+  saturating), interval domain over the batch, plus the best domain (zonotope included) on the
+  first two rows; every program pair of attacks.pairs;
+* ``campaign/mlp-region/<model>/<spec>``: L-inf boxes (eps 0.01, 0.05), linear domain, box
+  corners and random points;
+* ``campaign/rule/<case>/<spec>``: every rule case of rulecases.py at a batch of inputs of
+  every kind (the combinations test_findings.py pins down are skipped);
+* ``campaign/model/<name>``: the token models and the encoder layer (both exporters), domain
+  best, a few pairs (each costs a forward pass per program).
+
+An engine that raises instead of bounding (InternalError: a static scale that may overflow,
+test_findings.test_static_scale_overflow_in_gemm) is recorded per class as an engine error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from kcverify.bounds import Region, certify_drift
+from kcverify.errors import BoundError, InternalError
+from tests.soundness.adversarial.attacks import SPECS, box_points, pairs
+from tests.soundness.adversarial.harness import TRAIN, Ledger, attack, graph_of, spec
+from tests.soundness.adversarial.interp import ProgramRunner
+from tests.soundness.adversarial.rulecases import CASES, covered_by_a_finding, feeds_for
+from tests.soundness.adversarial.subjects import encoder_layer, shipped
+
+MLP_SPECS = ("fp8_token_fp32", "fp8_tensor_bf16", "e5m2_any_fp16", "fp8_static_block",
+             "fp8_dynblock", "int8_block", "bf16_acc_bf16")
+RULE_SPECS = ("fp8_tensor_bf16", "e5m2_any_fp16", "fp8_token_fp32", "fp16_ulps4")
+W8_BF16 = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"}, accumulate="fp32",
+               compute="bf16")
+
+
+def _mlp_x(d: int, kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    from tests.soundness.adversarial.test_models import _mlp_inputs  # one definition
+
+    return _mlp_inputs("mlp_tiny" if d == 4 else "mlp_small", kind, n, rng)
+
+
+def _check_batch(led: Ledger, cls: str, model, sp, x: dict[str, np.ndarray], n_pairs: int,
+                 seed: int, domain: str) -> None:
+    try:
+        with np.errstate(all="ignore"):
+            res = certify_drift(graph_of(model), TRAIN, sp, x, domain=domain).outputs
+    except (InternalError, BoundError) as e:  # no certificate: recorded, not a pair
+        led[cls].errors.append(f"{cls} ({domain}): {type(e).__name__}: {e}")
+        return
+    run = ProgramRunner(model)
+    for p_t, p_i in pairs(TRAIN, sp, n_pairs, seed, per_sample="axis0"):
+        with np.errstate(all="ignore"):
+            yt, yi = run(p_t, x), run(p_i, x)
+        for out, box in res.items():
+            led.check(cls, box, yt[out], yi[out], f"{cls} seed {seed}: {p_t} | {p_i}")
+
+
+def mlp_points(led: Ledger, scale: float, seed: int, log: Callable[[str], None]) -> None:
+    n = max(2, int(1024 * scale))
+    for name, d in (("mlp_tiny", 4), ("mlp_small", 8)):
+        model = shipped(name)
+        for sp_name in MLP_SPECS:
+            for k, kind in enumerate(("normal", "midpoint", "saturate")):
+                rng = np.random.default_rng([seed, d, k, len(sp_name)])
+                x = {"x": _mlp_x(d, kind, n, rng)}
+                cls = f"campaign/mlp/{name}/{sp_name}/{kind}"
+                _check_batch(led, cls, model, SPECS[sp_name], x, 16, seed + k, "interval")
+                _check_batch(led, cls, model, SPECS[sp_name], {"x": x["x"][:2]}, 4, seed + k,
+                             "best")
+            log(f"{name} {sp_name}: {led_total(led, f'campaign/mlp/{name}/{sp_name}')} pairs")
+
+
+def mlp_regions(led: Ledger, scale: float, seed: int, log: Callable[[str], None]) -> None:
+    centres = max(1, int(4 * scale))
+    for name, d in (("mlp_tiny", 4), ("mlp_small", 8)):
+        model = shipped(name)
+        run = ProgramRunner(model)
+        g = graph_of(model)
+        for sp_name in MLP_SPECS:
+            sp = SPECS[sp_name]
+            cls = f"campaign/mlp-region/{name}/{sp_name}"
+            for eps in (0.01, 0.05):
+                rng = np.random.default_rng([seed, d, int(eps * 100)])
+                x = _mlp_x(d, "normal", centres, rng)
+                res = certify_drift(g, TRAIN, sp, {"x": x}, region=Region("input", "linf", eps),
+                                    domain="linear").outputs
+                for pt in box_points(rng, x, eps, 6):
+                    for p_t, p_i in pairs(TRAIN, sp, 4, seed, per_sample="axis0"):
+                        with np.errstate(all="ignore"):
+                            yt, yi = run(p_t, {"x": pt}), run(p_i, {"x": pt})
+                        for out, box in res.items():
+                            led.check(cls, box, yt[out], yi[out], f"{cls} eps {eps}: {p_t} | {p_i}")
+        log(f"{name} regions: {led_total(led, f'campaign/mlp-region/{name}')} pairs")
+
+
+def rules(led: Ledger, scale: float, seed: int, log: Callable[[str], None]) -> None:
+    n = max(2, int(320 * scale))
+    for case in CASES:
+        for sp_name in RULE_SPECS:
+            for k, kind in enumerate(case.kinds):
+                if covered_by_a_finding(case, sp_name, kind):
+                    continue
+                rng = np.random.default_rng([seed, k, len(case.id), len(sp_name)])
+                feeds = feeds_for(case, kind, sp_name, rng, batch=n)
+                cls = f"campaign/rule/{case.id}/{sp_name}"
+                _check_batch(led, cls, case.model, SPECS[sp_name], feeds, 6, seed + k,
+                             "interval")
+        log(f"rule {case.id}: {led_total(led, f'campaign/rule/{case.id}/')} pairs")
+
+
+def transformers(led: Ledger, scale: float, seed: int, log: Callable[[str], None]) -> None:
+    token_fp8 = SPECS["fp8_token_fp32"]
+    n_pairs = max(2, int(3 * scale))
+    for name in ("tiny_encoder", "tiny_decoder"):
+        ids = np.random.default_rng([seed, len(name)]).integers(0, 256, size=(2, 8))
+        for sp in (W8_BF16, token_fp8):
+            attack(led, f"campaign/model/{name}", shipped(name), TRAIN, sp, {"input_ids": ids},
+                   pairs(TRAIN, sp, n_pairs, seed), domain="best")
+        log(f"{name}: {led_total(led, f'campaign/model/{name}')} pairs")
+    for exporter in ("legacy", "dynamo"):
+        model = encoder_layer(exporter)
+        if isinstance(model, str):
+            log(f"encoder layer ({exporter}) skipped: {model}")
+            continue
+        for s in range(2):
+            x = np.random.default_rng([seed, s]).normal(size=(1, 8, 32)).astype(np.float32)
+            for sp in (W8_BF16, token_fp8, SPECS["fp8_tensor_bf16"]):
+                attack(led, f"campaign/model/encoder_layer_{exporter}", model, TRAIN, sp,
+                       {"x": x}, pairs(TRAIN, sp, n_pairs, seed + s), domain="best")
+        log(f"encoder layer {exporter}: "
+            f"{led_total(led, f'campaign/model/encoder_layer_{exporter}')} pairs")
+
+
+def led_total(led: Ledger, prefix: str) -> int:
+    return sum(st.pairs for n, st in led.classes.items() if n.startswith(prefix))
+
+
+PARTS = {"mlp": mlp_points, "regions": mlp_regions, "rules": rules, "models": transformers}
+
+
+def run_campaign(scale: float = 1.0, seed: int = 0, parts: tuple[str, ...] = tuple(PARTS),
+                 log: Callable[[str], None] = lambda s: None) -> Ledger:
+    led = Ledger()
+    for part in parts:
+        t0 = time.perf_counter()
+        PARTS[part](led, scale, seed, log)
+        log(f"-- {part}: {time.perf_counter() - t0:.0f} s, {led_total(led, 'campaign/')} pairs so far")
+    return led
+
+
+def by_family(led: Ledger, depth: int = 3) -> Ledger:
+    """The ledger folded to class prefixes of ``depth`` path components (for a short table)."""
+    out = Ledger()
+    for n, st in led.classes.items():
+        key = "/".join(n.split("/")[:depth])
+        sub = Ledger()
+        sub.classes[key] = st
+        out.merge(sub)
+    return out

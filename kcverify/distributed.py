@@ -12,8 +12,11 @@ starts from block k-1's out_state), so they stay in one run.
   existing cluster (``address``). The ONNX model goes to the object store once, as its bytes with
   any external weights inlined; each worker process decodes it once and keeps the graph. With a
   CUDA device each task requests one GPU (``num_gpus=1``), otherwise one CPU. Each task runs torch
-  with one intra-op thread (Ray's default for a one-CPU task), which is what keeps N tasks on N
-  cores from oversubscribing them.
+  with the driver's number of intra-op threads (``threads``): torch's float64 reductions round
+  differently with another thread count (measured on the decoder's zonotope: bounds 1e-16 apart),
+  and the certificate must be the serial run's. On N cores, N workers then oversubscribe them
+  when the driver uses several threads; on a cluster each node's own count applies only if
+  ``threads`` is set to it (byte identity then holds per CPU type, soundness always).
 """
 
 from __future__ import annotations
@@ -57,10 +60,16 @@ def _graph(data: bytes, name: str) -> Any:
     return _GRAPHS[key]
 
 
-def bound_item(data: bytes, name: str, train: Any, inf: Any, item: Item) -> Any:
-    """One work item: certify_drift on the graph of ``data`` (runs inside a worker)."""
+def bound_item(data: bytes, name: str, train: Any, inf: Any, item: Item,
+               threads: int | None = None) -> Any:
+    """One work item: certify_drift on the graph of ``data`` (runs inside a worker), with
+    ``threads`` torch intra-op threads (the driver's count: see RayExecutor)."""
+    import torch
+
     from kcverify.bounds import certify_drift
 
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
     return certify_drift(_graph(data, name), train, inf, **item)
 
 
@@ -92,7 +101,7 @@ class RayExecutor:
     A Ray already initialised in this process is used as it is."""
 
     def __init__(self, workers: int | None = None, address: str | None = None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", threads: int | None = None) -> None:
         if address is None:
             # a local Ray on loopback only (Ray otherwise binds its node to the host's address);
             # read when ray is first imported
@@ -106,6 +115,11 @@ class RayExecutor:
             raise KcverifyError(f"--workers {workers}: expected a number of workers >= 1")
         self.ray = ray
         self.device = device
+        if threads is None:
+            import torch
+
+            threads = torch.get_num_threads()
+        self.threads = threads
         self.started = False
         if not ray.is_initialized():
             try:
@@ -140,7 +154,7 @@ class RayExecutor:
                                 f"bound tasks (resources: {self._resources()})")
         ref = self._model_ref(model)
         task = self._task.options(num_cpus=0 if gpus else 1, num_gpus=gpus)
-        pending = {task.remote(ref, os.fspath(model), train, inf, item): i
+        pending = {task.remote(ref, os.fspath(model), train, inf, item, self.threads): i
                    for i, item in enumerate(items)}
         out: list[Any] = [None] * len(items)
         while pending:

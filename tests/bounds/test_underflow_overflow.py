@@ -150,3 +150,18 @@ def test_amax_floor_in_the_spec() -> None:
     with pytest.raises(KernelSpecError, match="amax_floor"):
         parse_kernel_spec("inf", {"activations": {"format": "fp8_e4m3", "scale": "static",
                                                   "value": 1.0, "amax_floor": 1e-6}})
+
+
+def test_static_scale_overflow_gives_no_bound_not_an_error() -> None:
+    """A static activation scale small enough that x / s passes the format's range: the cast
+    image is infinite (a program may produce inf / NaN), so the bound is infinite - not NaN
+    bounds (an InternalError) and not the bias alone."""
+    k = 4
+    w = np.ones((k, 2), np.float32)
+    g = _matmul_model(w, k)
+    inf = parse_kernel_spec("inf", {"activations": {"format": "fp8_e4m3", "scale": "static",
+                                                    "value": 1e-3},
+                                    "accumulate": "fp32", "compute": "fp32"})
+    x = np.array([[1.0, -1.0, 2.0, 0.5]], np.float32)  # x / s up to 2000 > 448
+    res = certify_drift(g, FP32, inf, {"x": x}, domain="interval")
+    assert np.all(np.isinf(res.linf))

@@ -192,6 +192,8 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
                                 b_k_axis, ax_b)
         ca, cb = tuple(ca), tuple(cb)
         lo, hi, magn = imatmul(*ca, *cb)
+        # an infinite cast image (a static scale that may overflow) makes inf - inf: no bound
+        lo, hi, magn = nan_to(lo, -INF), nan_to(hi, INF), nan_to(magn, INF)
         acc = accumulation_error(spec, n, magn, sa[0] * sb[0], sa[1] * sb[1])
         lo, hi = lo - acc, hi + acc
         lo, hi, rnd = ctx.round(spec, "mul", lo, hi, steps=2)
@@ -204,6 +206,8 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
     db = ws.drift if ws is not None else _cast_drift(B, cb_t, cb_i, eb_t, eb_i)
     d1_lo, d1_hi, _ = imatmul(*da, *cb_i)
     d2_lo, d2_hi, _ = imatmul(*ca_t, *db)
+    d1_lo, d2_lo = nan_to(d1_lo, -INF), nan_to(d2_lo, -INF)
+    d1_hi, d2_hi = nan_to(d1_hi, INF), nan_to(d2_hi, INF)
     dl = pad_lo(d1_lo + d2_lo) - errs[0] - errs[1]
     dh = pad_hi(d1_hi + d2_hi) + errs[0] + errs[1]
     return Box.make(*vals, dl, dh)

@@ -123,14 +123,19 @@ def _load_contract(contract_path: str | os.PathLike[str]) -> Any:
     return _component("kcverify.dsl", "reading the contract", "load_contract")(contract_path)
 
 
-def _segmentation(model_path: str | os.PathLike[str]) -> tuple[list[tuple[str, str]], set[str]]:
-    """The model's block chain [(name, digest)] and its input names; KcverifyError when the IR
-    cannot load the model (the caller reports it as a problem)."""
+def _segmentation(model_path: str | os.PathLike[str]
+                  ) -> tuple[list[tuple[str, str]], set[str], list[tuple[str, str]]]:
+    """The model's block chain [(name, digest)], its input names and the whole graph as one
+    block [(name, digest)] (the other cut a prover may use: the linear domain's); KcverifyError
+    when the IR cannot load the model (the caller reports it as a problem)."""
     load_onnx = _component("kcverify.models.ir", "reading the model", "load_onnx")
     segment = _component("kcverify.models.blocks", "segmenting the model into blocks", "segment")
+    whole_graph = _component("kcverify.bounds.engine", "cutting the whole graph as one block",
+                             "whole_graph")
     graph = load_onnx(model_path)
     inputs = {v.name for v in graph.inputs if v.name not in graph.initializers}
-    return [(b.name, b.digest) for b in segment(graph)], inputs
+    whole = [(b.name, b.digest) for b in whole_graph(graph)]
+    return [(b.name, b.digest) for b in segment(graph)], inputs, whole
 
 
 def _why(e: Exception) -> str:
@@ -273,9 +278,10 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
     problems += _compare_contract(contract, pred, _model_outputs(model_path, problems))
 
     # 2-4. proof trees
+    whole_chain: list[tuple[str, str]] | None = None
     if expected_chain is None or graph_inputs is None:
         try:
-            chain, inputs = _segmentation(model_path)
+            chain, inputs, whole_chain = _segmentation(model_path)
         except InternalError:
             raise
         except Exception as e:  # noqa: BLE001 - any failure to read the model is a problem
@@ -304,6 +310,7 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
                             "bound engine's input_box is not available for this model and "
                             "contract)")
     ctx = RuleContext(blocks={}, recheck_block=recheck_block, expected_chain=expected_chain,
+                      whole_chain=whole_chain,
                       store_input=store_input, kernel_specs=kernel_specs,
                       graph_inputs=graph_inputs, input_region=input_region)
     for ref, raw in pred["blocks"].items():

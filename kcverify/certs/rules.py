@@ -64,6 +64,8 @@ class RuleContext:
     format: the bound engine's input_box), None when inputs enter unchanged. ``kernel_specs``:
     the contract's kernel specs by name (KernelSpec or canonical mapping), for rules whose
     error analysis depends on them (examples/rules/residual_lipschitz.py); None when unknown.
+    ``whole_chain``: the whole graph as one block [(name, digest)], the other cut a prover may use
+    (the linear domain's, kcverify.bounds.engine.whole_graph); None when unknown.
     """
 
     blocks: dict[str, BlockData] = field(default_factory=dict)
@@ -74,6 +76,7 @@ class RuleContext:
     store_input: Callable[[str, StoredBox], Any] | None = None
     rechecked: dict[str, list[str]] = field(default_factory=dict)
     kernel_specs: Mapping[str, Any] | None = None
+    whole_chain: list[tuple[str, str]] | None = None
 
     def block(self, ref: str) -> BlockData:
         if ref not in self.blocks:
@@ -394,12 +397,15 @@ class Sequential(Rule):
         if ctx.expected_chain is not None:
             # the model's blocks in order from the first: all of them, or a prefix (the state of
             # the tensors those blocks produce, which no later block produces again: a
-            # compositional rule continues from it, examples/rules/residual_lipschitz.py)
+            # compositional rule continues from it, examples/rules/residual_lipschitz.py), or
+            # the whole graph as one block (the linear domain's cut: ctx.whole_chain)
             have = [(ctx.block(r).name, ctx.block(r).digest) for r in refs]
-            if have != list(ctx.expected_chain)[:len(have)]:
+            whole = ctx.whole_chain is not None and have == list(ctx.whole_chain)
+            if not whole and have != list(ctx.expected_chain)[:len(have)]:
                 names = [n for n, _ in ctx.expected_chain]
                 raise RuleError(f"sequential: the chain {[n for n, _ in have]} (with digests) is not "
-                                f"the model's segmentation {names} (nor a prefix of it)")
+                                f"the model's segmentation {names} (nor a prefix of it), nor the "
+                                "whole graph as one block")
         outputs = params.get("outputs")
         if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
             raise RuleError("sequential: params.outputs must list tensor names")

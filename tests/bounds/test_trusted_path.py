@@ -80,11 +80,7 @@ def _workspace(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("domain", [
-    "interval", "best",
-    pytest.param("linear", marks=pytest.mark.xfail(strict=True, reason=(
-        "issue 11: certs/rules.py's sequential rule requires the chain to be the segmenter's "
-        "blocks; a linear certificate's chain is the whole graph as one block (its re-run now "
-        "checks: certs/recheck.model_blocks). Needs the chain check to accept that cut.")))])
+    "interval", "best", "linear"])
 def test_prove_then_check_for_every_domain(tmp_path: Path, domain: str) -> None:
     contract, model = _workspace(tmp_path)
     assert main(["prove", str(contract), str(model), "--domain", domain, "--quiet",

@@ -40,7 +40,7 @@ from kcverify.certs.encoding import (
     unfx_list,
     up,
 )
-from kcverify.certs.records import BlockData, StoredBox, decode_box
+from kcverify.certs.records import BOX_FIELDS, BlockData, StoredBox, decode_box
 from kcverify.errors import CertificateError
 
 
@@ -286,7 +286,7 @@ def _linf_premise(premises: list[dict[str, Any]], rule: str) -> tuple[list[float
     return _numeric(premises[0], rule, "linf_drift", "upper"), premises[0]
 
 
-CARRIED = ("tensor", "slice", "keep")  # what identifies a numeric conclusion along a chain
+CARRIED = ("tensor", "slice", "keep", "rows")  # what identifies a numeric conclusion along a chain
 
 
 def _carry(c: dict[str, Any], *keys: str) -> dict[str, Any]:
@@ -341,7 +341,10 @@ class Sequential(Rule):
     kernels hold after storing the raw inputs in their formats (``ctx.store_input``). Then every tensor t
     listed in the conclusion lies in out_j(t) of its (last) producer B_j. A block that the chain
     needs but lacks shows up as an input nobody produces. params: inputs (X), outputs, and
-    optionally slice (the contract slice X comes from; carried into every derived conclusion).
+    optionally slice (the contract slice X comes from; carried into every derived conclusion)
+    and rows [i0, i1] (the chain covers only the slice's inputs i0 .. i1 - 1, a chunk: X must
+    contain those rows of the slice's inputs; the conclusion carries ``rows``, and only
+    concat-rows, tiling the whole slice, turns such conclusions into one over the slice).
     """
 
     def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
@@ -352,6 +355,7 @@ class Sequential(Rule):
         if not isinstance(raw_inputs, Mapping) or not raw_inputs:
             raise RuleError("sequential: params.inputs must map the model inputs to boxes")
         inputs = {k: decode_box(v, f"sequential params.inputs[{k!r}]") for k, v in raw_inputs.items()}
+        rows = _rows_param(params.get("rows"), "sequential") if "rows" in params else None
         if ctx.graph_inputs is not None:
             unknown = sorted(set(inputs) - ctx.graph_inputs)
             if unknown:
@@ -362,6 +366,11 @@ class Sequential(Rule):
                 raise RuleError("sequential: params.slice must name the slice whose inputs the "
                                 "chain covers")
             for t, want in ctx.input_region(sl).items():
+                if rows is not None:
+                    if rows[1] > _n_rows(want):
+                        raise RuleError(f"sequential: params.rows {list(rows)} exceed the "
+                                        f"{_n_rows(want)} inputs of slice {sl!r}")
+                    want = _select_rows(want, *rows)
                 if t not in inputs:
                     raise RuleError(f"sequential: the chain assumes no region for input {t!r} of "
                                     f"slice {sl!r}")
@@ -417,6 +426,93 @@ class Sequential(Rule):
             if not isinstance(params["slice"], str):
                 raise RuleError("sequential: params.slice must name the contract's slice")
             out["slice"] = params["slice"]
+        if rows is not None:
+            out["rows"] = list(rows)
+        return out
+
+
+def _rows_param(raw: Any, rule: str) -> tuple[int, int]:
+    if (not isinstance(raw, list) or len(raw) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw)
+            or not 0 <= raw[0] < raw[1]):
+        raise RuleError(f"{rule}: rows must be [i0, i1] with 0 <= i0 < i1, not {raw!r}")
+    return int(raw[0]), int(raw[1])
+
+
+def _n_rows(box: Any) -> int:
+    return int(np.asarray(box.train_lo).shape[0]) if np.asarray(box.train_lo).ndim else 1
+
+
+def _select_rows(box: Any, i0: int, i1: int) -> StoredBox:
+    """Rows i0 .. i1 - 1 (the sample axis, 0) of a box."""
+    return StoredBox(*(np.asarray(getattr(box, f))[i0:i1] for f in BOX_FIELDS))
+
+
+# list-valued per-row keys of a numeric conclusion (one entry per input, or per (input,
+# position) with keep 2, inputs first): what concat-rows concatenates
+ROW_KEYS = ("bounds", "margins", "ratio_lo", "ratio_hi")
+
+
+@register_rule("concat-rows")
+class ConcatRows(Rule):
+    """One conclusion over a slice from its chunks' conclusions: premises are per-input
+    conclusions (bounds per input, or per (input, position)) over rows [i0, i1) of the same
+    slice (each carries ``rows`` from its chunk's sequential chain), in order, tiling [0, n)
+    exactly once: premise k's rows start where premise k-1's end, the first at 0, the last at n.
+    params: n (the slice's input count; checked against the slice's data when the checker has
+    it). Every other key of the premises agrees; the per-row lists are concatenated in order.
+    Sound: each premise bounds the quantity at the inputs of its rows, the rows partition the
+    slice, so the concatenation bounds it at every input of the slice, in the slice's order.
+    """
+
+    def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
+                 ctx: RuleContext) -> dict[str, Any]:
+        if not premises:
+            raise RuleError("concat-rows: needs at least one premise")
+        n = params.get("n")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise RuleError(f"concat-rows: params.n must be the slice's input count, not {n!r}")
+        first = premises[0]
+        if not isinstance(first, dict) or "slice" not in first:
+            raise RuleError("concat-rows: premises must be conclusions over a slice")
+        sl = first["slice"]
+        if ctx.input_region is not None:
+            region = ctx.input_region(sl)
+            have = {_n_rows(b) for b in region.values()}
+            if have != {n}:
+                raise RuleError(f"concat-rows: slice {sl!r} has {sorted(have)} inputs, "
+                                f"params.n says {n}")
+        rest = {k: v for k, v in first.items() if k not in ROW_KEYS and k != "rows"}
+        lists: dict[str, list[Any]] = {k: [] for k in ROW_KEYS if k in first}
+        at = 0
+        for i, c in enumerate(premises):
+            if not isinstance(c, dict) or "rows" not in c:
+                raise RuleError(f"concat-rows: premise {i} carries no rows (not a chunk's)")
+            i0, i1 = _rows_param(c["rows"], "concat-rows")
+            if i0 != at:
+                raise RuleError(f"concat-rows: premise {i} covers rows [{i0}, {i1}), expected "
+                                f"them to start at {at} (chunks tile the slice once, in order)")
+            at = i1
+            if {k: v for k, v in c.items() if k not in ROW_KEYS and k != "rows"} != rest:
+                raise RuleError(f"concat-rows: premise {i} is about another quantity, tensor "
+                                "or slice than premise 0")
+            if set(lists) != {k for k in ROW_KEYS if k in c}:
+                raise RuleError(f"concat-rows: premise {i} has other per-row lists than "
+                                "premise 0")
+            per = (i1 - i0) * (1 if c.get("keep", 1) == 1 else -1)
+            for k in lists:
+                if not isinstance(c[k], list) or (per > 0 and len(c[k]) != per):
+                    raise RuleError(f"concat-rows: premise {i}'s {k} must list one entry per "
+                                    f"row of [{i0}, {i1})")
+                lists[k].extend(c[k])
+        if at != n:
+            raise RuleError(f"concat-rows: the chunks cover rows [0, {at}), the slice has {n}")
+        return {**rest, **lists}
+
+    def directions(self, conclusion: dict[str, Any]) -> dict[str, str]:
+        out = super().directions(conclusion)
+        if "margins" in conclusion:
+            out.setdefault("margins", "lower")
         return out
 
 
@@ -448,7 +544,7 @@ class LinfFromState(Rule):
         lead = int(np.prod(mag.shape[:axes])) if mag.ndim else 1
         per = mag.reshape(lead, -1).max(axis=1) if mag.size else np.zeros(lead)
         out = {"quantity": "linf_drift", "direction": "upper", "tensor": t,
-               "bounds": [fx(v) for v in per.tolist()], **_carry(c, "slice")}
+               "bounds": [fx(v) for v in per.tolist()], **_carry(c, "slice", "rows")}
         if keep != 1:
             out["keep"] = keep
         return out
@@ -593,6 +689,9 @@ class Top1FromMargin(Rule):
         t = premises[0].get("tensor")
         if not isinstance(st, dict) or st.get("kind") != "state" or t not in st.get("outputs", {}):
             raise RuleError(f"top1-from-margin: second premise must be a state holding {t!r}")
+        if _carry(premises[0], "slice", "rows") != _carry(st, "slice", "rows"):
+            raise RuleError("top1-from-margin: the drift bounds and the state are over different "
+                            "slices or rows")
         keep = premises[0].get("keep", 1)
         m = margins_from_box(ctx.box(st["outputs"][t], t), keep).tolist()
         if len(m) != len(d):
@@ -677,7 +776,8 @@ class Top1FromState(Rule):
             raise RuleError(f"top1-from-state: keep must be 1 or 2, not {keep!r}")
         ok, gap = agreement_from_box(ctx.box(st["outputs"][t], t), keep)
         out = {"quantity": "top1_agreement", "direction": "lower", "tensor": t,
-               **_carry(st, "slice"), "bounds": [fx(1.0 if a else 0.0) for a in ok.tolist()],
+               **_carry(st, "slice", "rows"),
+               "bounds": [fx(1.0 if a else 0.0) for a in ok.tolist()],
                "margins": [fx(v) for v in gap.tolist()]}
         if keep != 1:
             out["keep"] = keep
@@ -708,6 +808,9 @@ class Aggregate(Rule):
                  ctx: RuleContext) -> dict[str, Any]:
         _one(premises, "aggregate")
         c = premises[0]
+        if isinstance(c, dict) and "rows" in c:
+            raise RuleError("aggregate: the premise covers only rows "
+                            f"{c['rows']} of its slice (combine the chunks with concat-rows)")
         b = _numeric(c, "aggregate")
         direction = c.get("direction")
         if direction not in ("upper", "lower"):

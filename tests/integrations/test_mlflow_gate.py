@@ -175,3 +175,25 @@ def test_bad_input_writes_nothing(registry: dict[str, Any], decided: dict[str, A
     assert len(err) == 1 and "nope.yaml" in err[0]
     assert client.get_model_version(NAME, "2").tags == before
     assert str(client.get_model_version_by_alias(NAME, "champion").version) == "1"
+
+
+def test_rejected_version_loses_the_alias(registry: dict[str, Any], decided: dict[str, Any],
+                                          tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A re-run that rejects the version the alias points at (here: a tampered certificate)
+    removes the alias; re-admitting it sets it again."""
+    client = _client(registry["uri"])
+    good = Path(client.download_artifacts(registry["runs"]["1"], "kcverify/model.onnx.kcert.json",
+                                          str(tmp_path)))
+    stmt = json.loads(good.read_text())
+    stmt["predicate"]["clauses"][0]["bound"] = (1e-9).hex()  # a tighter bound than proved
+    bad = tmp_path / "tampered.kcert.json"
+    bad.write_text(json.dumps(stmt, sort_keys=True, indent=1))
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "1"
+    assert _admit(registry, "1", "--cert", str(bad)) == 1
+    assert "alias 'champion' pointed at this rejected version: removed" in capsys.readouterr().out
+    assert client.get_model_version(NAME, "1").tags["kcverify.verdict"] == "rejected"
+    with pytest.raises(mlflow.exceptions.MlflowException):
+        client.get_model_version_by_alias(NAME, "champion")
+    assert _admit(registry, "1", "--cert", str(good)) == 0
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "1"

@@ -26,7 +26,8 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,9 +145,10 @@ def admit(name: str, version: str | int, contract: str | os.PathLike[str], *,
         work = Path(tmp)
         say(f"downloading {name} version {version} ({uri})")
         try:
-            local = mlflow.artifacts.download_artifacts(artifact_uri=uri,
-                                                        dst_path=str(work / "model"),
-                                                        tracking_uri=tracking_uri)
+            with _quiet_download(progress is None):
+                local = mlflow.artifacts.download_artifacts(artifact_uri=uri,
+                                                            dst_path=str(work / "model"),
+                                                            tracking_uri=tracking_uri)
         except MlflowException as e:
             raise MlflowGateError(f"mlflow: cannot download {name} version {version} from "
                                   f"{uri}: {e.message}") from None
@@ -206,6 +208,23 @@ def admit(name: str, version: str | int, contract: str | os.PathLike[str], *,
             raise MlflowGateError(f"mlflow: recording the decision on {name} version {version} "
                                   f"failed: {e.message}") from None
     return out
+
+
+@contextmanager
+def _quiet_download(quiet: bool) -> Iterator[None]:
+    """Without progress (--quiet), no MLflow download bar either."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    before = os.environ.get(key)
+    if quiet:
+        os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if quiet:
+            if before is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = before
 
 
 def _alias_version(client: Any, name: str, alias: str) -> str | None:

@@ -18,7 +18,7 @@ from kcverify import __version__
 from kcverify.errors import INTERNAL_EXIT, InternalError, KcverifyError
 
 COMMANDS = ("lint", "inspect", "bound", "prove", "check", "registry", "mlflow", "monitor",
-            "promote", "replay")
+            "promote", "replay", "vnnlib")
 
 
 def build_parser() -> argparse.ArgumentParser:

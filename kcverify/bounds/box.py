@@ -81,7 +81,8 @@ def round_bounds(lo: torch.Tensor, hi: torch.Tensor, r: float, eta: float, max_f
                  rel: float = 1e-15) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rounding model of RuleCtx.round on tensors: [lo, hi] widened by e(v) = r|v| + eta
     (each end then padded by ``rel``), an infinite end unchanged, an end beyond +-max_finite
-    made infinite; and the error bound pad(r * mag + eta), 0 where not finite.
+    made infinite; and the error bound pad(r * mag + eta), 0 where an end is already infinite,
+    inf where a finite end may round beyond max_finite (overflow: the drift is then unbounded).
 
     Magnitudes capped at the largest double keep an infinite end itself (no inf - inf) without
     a finiteness test."""
@@ -93,6 +94,10 @@ def round_bounds(lo: torch.Tensor, hi: torch.Tensor, r: float, eta: float, max_f
     hi2 = torch.where(hi2 > max_finite, math.inf, hi2)
     w = r * mag(lo, hi) + eta
     err = torch.nan_to_num(w + w.abs() * rel + ABS_PAD, nan=0.0, posinf=0.0, neginf=0.0)
+    # a finite exact value whose rounding may overflow: the result may be inf, the error too
+    over = (torch.isinf(lo2) & torch.isfinite(lo)) | (torch.isinf(hi2) & torch.isfinite(hi))
+    if bool(over.any()):
+        err = torch.where(over, math.inf, err)
     return lo2, hi2, err
 
 

@@ -130,11 +130,16 @@ def cast_image(lo: torch.Tensor, hi: torch.Tensor, s_lo: torch.Tensor | float,
         out_lo, out_hi = rel_lo, rel_hi
         if fmt.kind == "int":
             raise ValueError("integer casts are round-to-nearest")
-    # overflow possible: |a/s| beyond the format (static scales) -> no bound
-    if fmt.kind == "float" and not dynamic:
+    # overflow possible: |a/s| beyond the format (static scales) -> no bound. A dynamic scale
+    # fl32(amax / max_finite) may round down, so the amax element's quotient may exceed
+    # max_finite (by < 2^-23 relative): to nearest it saturates back, but rounded in any
+    # direction its upper neighbour is +-inf (IEEE's overflow) or NaN
+    if fmt.kind == "float" and (not dynamic or rounding != "nearest"):
         s_min = torch.where(s_lo_t > 0, s_lo_t, torch.full_like(s_lo_t, 1e-300))
         top_quantum = 2.0 ** (math.floor(math.log2(fmt.max_finite)) - fmt.mantissa_bits)
-        over = mag(lo, hi) / s_min * (1 + SCALE_SLACK) >= fmt.max_finite + top_quantum / 2
+        limit = fmt.max_finite + (top_quantum / 2 if rounding == "nearest" else 0.0)
+        t_max = mag(lo, hi) / s_min * (1 + SCALE_SLACK)
+        over = t_max >= limit if rounding == "nearest" else t_max > limit
         out_lo = torch.where(over, torch.full_like(out_lo, -float("inf")), out_lo)
         out_hi = torch.where(over, torch.full_like(out_hi, float("inf")), out_hi)
     return torch.minimum(out_lo, out_hi), torch.maximum(out_lo, out_hi)

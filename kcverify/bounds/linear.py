@@ -131,9 +131,20 @@ def _matmul_form(f: Form, W: torch.Tensor) -> Form:
 
 
 # --- rules: fn(ctx, ins: list[(orig, Box | None, LinState | None)], out: Box, m) -> LinState ----
-@linear_rule("Identity", "Dropout", "Cast")
+@linear_rule("Identity", "Dropout")
 def _identity(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
     return ins[0][2]
+
+
+@linear_rule("Cast")
+def _cast(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
+    """The identity where the cast is exact in both kernels; otherwise no symbolic state (a
+    rounding cast: the interval rule's box stands)."""
+    from kcverify.bounds.rules.shape import cast_is_exact, cast_target
+
+    target = cast_target(ctx)
+    exact = cast_is_exact(ctx.train, target) and cast_is_exact(ctx.inf, target)
+    return ins[0][2] if exact else None
 
 
 @linear_rule("Flatten", "Reshape")

@@ -614,8 +614,21 @@ _register_movement()
 
 @zrule("Cast")
 def _cast(zt, ctx, states, boxes, results):
+    """The identity where the target format holds every compute-format value; otherwise each
+    kernel's cast error (the interval rule's bound) as an interval term."""
+    from kcverify.bounds.rules.shape import cast_image, cast_is_exact, cast_target
+
     x = states[0]
-    return x if isinstance(x, ZState) else None
+    if not isinstance(x, ZState):
+        return None
+    target = cast_target(ctx)
+    forms = []
+    for spec, f in ((ctx.train, x.t), (ctx.inf, x.i)):
+        if cast_is_exact(spec, target):
+            forms.append(f)
+        else:
+            forms.append(_add_err(f, cast_image(spec, target, *f.bounds())[2]))
+    return ZState(*forms)
 
 
 @zrule("Gather")
@@ -1056,6 +1069,9 @@ def _layernorm(zt, ctx, states, boxes, results):
     x, scale, bias = (list(states) + [None, None])[:3]
     if not isinstance(x, ZState):
         return None
+    res = results[0]
+    if isinstance(res, Box) and not all(bool(torch.isfinite(p).all()) for p in res.parts()[:4]):
+        return None  # the interval rule saw a possible overflow (normalization.ln_overflow)
     shape = x.t.shape
     axis = int(ctx.attr("axis", -1)) % len(shape)
     eps = float(ctx.attr("epsilon", 1e-5))

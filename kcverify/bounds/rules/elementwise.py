@@ -75,12 +75,23 @@ def inv(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def div_box(ctx: RuleCtx, a: Box, b: Box) -> Box:
+    """a / b. A divisor whose value set holds 0 (e.g. 1e-9 stored in fp16) may make the
+    quotient inf or 0/0 = NaN: that kernel's value, and the drift, have no bound there."""
     it, ii = inv(b.tl, b.th), inv(b.il, b.ih)
     ft, fi = imul(a.tl, a.th, *it), imul(a.il, a.ih, *ii)
     d1 = imul(a.dl, a.dh, *ii)
     q = imul(*imul(a.tl, a.th, *it), *ii)
     d2 = imul(*q, -b.dh, -b.dl)
-    return _finish(ctx, "div", ft, fi, (d1[0] + d2[0], d1[1] + d2[1]))
+    out = _finish(ctx, "div", ft, fi, (d1[0] + d2[0], d1[1] + d2[1]))
+    z_t = (b.tl <= 0) & (b.th >= 0)
+    z_i = (b.il <= 0) & (b.ih >= 0)
+    if bool((z_t | z_i).any()):
+        z_t, z_i = z_t.expand(out.shape), z_i.expand(out.shape)
+        z = z_t | z_i
+        out = Box(torch.where(z_t, -INF, out.tl), torch.where(z_t, INF, out.th),
+                  torch.where(z_i, -INF, out.il), torch.where(z_i, INF, out.ih),
+                  torch.where(z, -INF, out.dl), torch.where(z, INF, out.dh))
+    return out
 
 
 @bound_rule("Div", domain=Interval)

@@ -141,6 +141,8 @@ def ln_error_parts(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, v_lo: t
         e_tree = torch.zeros_like(e_tree)
     e_mu = torch.maximum(e_sums, e_tree)
     a = _var_rel(spec, lo, hi, v_lo, eps, e_sums, e_tree, k_sum, a_sum)
+    # eps stored in the compute format, and the addition's absolute (subnormal) error
+    a = a + pad_hi((eps - eps_stored(spec, eps) + 2 * spec.compute.eta) / (v_lo + eps), 1e-6)
     # rsqrt of fl(v~ + eps): rsqrt, or sqrt then a division (ulps; products of the two are
     # second order, covered by the 0.01), and the addition's rounding halved by the root
     k_r = max(spec.ulp("rsqrt"), spec.ulp("sqrt") + spec.ulp("div")) + 0.5 * spec.ulp("add") + 0.01
@@ -151,10 +153,44 @@ def ln_error_parts(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, v_lo: t
     return e_mu, rho_r, ok, alpha
 
 
+def eps_stored(spec: KernelSpec, eps: float) -> float:
+    """A lower bound on eps as a program adds it: stored in the compute format (BERT's 1e-12 is
+    0 in fp16), so eps - (u eps + eta), or 0."""
+    c = spec.compute
+    return max(eps - c.u * eps - c.eta, 0.0) * (1 - 1e-12)
+
+
 def ln_r_max(spec: KernelSpec, eps: float) -> float:
-    """r~ <= eps^-1/2 (1 + k u) whatever the moments: v~ >= 0 in both families."""
+    """r~ <= eps~^-1/2 (1 + k u) whatever the moments: v~ >= 0 in both families; eps~ the stored
+    eps (``eps_stored``: inf where it may be 0)."""
     k_r = max(spec.ulp("rsqrt"), spec.ulp("sqrt") + spec.ulp("div")) + 0.5 * spec.ulp("add") + 0.01
-    return (1.0 / math.sqrt(eps) if eps > 0 else math.inf) * (1 + k_r * spec.compute.u) * (1 + 1e-9)
+    e = eps_stored(spec, eps)
+    return (1.0 / math.sqrt(e) if e > 0 else math.inf) * (1 + k_r * spec.compute.u) * (1 + 1e-9)
+
+
+def ln_overflow(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, sq_hi: torch.Tensor,
+                eps: float, r_hi: torch.Tensor, e_mu: torch.Tensor, ok: torch.Tensor,
+                rho_r: torch.Tensor) -> torch.Tensor:
+    """Rows (keepdim) where a conforming program's LayerNorm may overflow, so that its output
+    has no bound: a partial sum of the row (reduce.partial_overflow) or the stored row sum beyond
+    the accumulator's or compute format's range; the sum of squares sum (x - mu~)^2 <=
+    (sqrt(sum c^2) + sqrt(n) E)^2 (Minkowski), times its rounding (both families), beyond them
+    (fp16: n sigma^2 > 65504 is inf, then r = 0 and y = b); or r~ beyond the compute format's
+    range (fp16: eps = 1e-12 on a constant row, r~ = 1e6 = inf, then 0 * inf = NaN)."""
+    from kcverify.bounds.rules.reduce import partial_overflow, row_sum_factor
+
+    n = lo.shape[-1]
+    lim = min(spec.accumulate.max_finite, spec.compute.max_finite)
+    k, _ = row_sum_factor(spec, n)
+    grow = (1 + k) * (1 + (2 * welford_depth(n) + 8) * spec.accumulate.u) * 1.01
+    pos = hi.clamp_min(0.0).sum(-1, keepdim=True)
+    neg = (-lo).clamp_min(0.0).sum(-1, keepdim=True)
+    over = partial_overflow(spec, n, pos, neg) | (torch.maximum(pos, neg) * grow > lim)
+    m2 = (torch.sqrt(sq_hi) + math.sqrt(n) * e_mu) ** 2 * grow
+    over = over | (m2 > lim) | (m2 / n > spec.compute.max_finite)
+    r_max = torch.where(ok, r_hi * (1 + rho_r) * (1 + 1e-6),
+                        torch.full_like(r_hi, ln_r_max(spec, eps)))
+    return over | ~(r_max * (1 + 2 * spec.compute.u) <= spec.compute.max_finite)
 
 
 def _realized_err(spec: KernelSpec, lo, hi, c, r, v, eps, g_mag, y_mag) -> torch.Tensor:
@@ -176,6 +212,7 @@ def _realized_err(spec: KernelSpec, lo, hi, c, r, v, eps, g_mag, y_mag) -> torch
 
 def layernorm_box(ctx: RuleCtx, x: Box, g: Box | None, b: Box | None, eps: float) -> Box:
     parts, exact, errs, xhs = [], [], [], []
+    n = x.shape[-1]
     for k, (spec, lo, hi) in enumerate(((ctx.train, x.tl, x.th), (ctx.inf, x.il, x.ih))):
         c, r, v, xh = _norm_parts(lo, hi, eps)
         xhs.append(xh)
@@ -191,9 +228,18 @@ def layernorm_box(ctx: RuleCtx, x: Box, g: Box | None, b: Box | None, eps: float
             y_lo, y_hi = y_lo + bl, y_hi + bh
         y_lo, y_hi = pad_lo(y_lo), pad_hi(y_hi)
         err = _realized_err(spec, lo, hi, c, r, v, eps, g_mag, mag(y_lo, y_hi))
+        e_mu, rho_r, ok, _ = ln_error_parts(spec, lo, hi, v[0], eps)
+        over = ln_overflow(spec, lo, hi, v[1] * n, eps, r[1], e_mu, ok, rho_r)
+        y_lo2, y_hi2 = y_lo - err, y_hi + err
+        over = over | (y_lo2 < -spec.compute.max_finite) | (y_hi2 > spec.compute.max_finite)
+        if bool(over.any()):  # a moment, r~ or y may be +-inf (then NaN): no bound
+            over = over.expand(err.shape)
+            err = torch.where(over, math.inf, err)
+            y_lo2 = torch.where(over, -math.inf, y_lo2)
+            y_hi2 = torch.where(over, math.inf, y_hi2)
         exact.append((y_lo, y_hi))
         errs.append(err)
-        parts += [y_lo - err, y_hi + err]
+        parts += [y_lo2, y_hi2]
     # drift: Jacobian over the hull; gain/bias drift (compute-format storage) added separately
     n = x.shape[-1]
     h_lo, h_hi = x.hull()

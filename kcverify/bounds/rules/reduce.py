@@ -6,12 +6,16 @@ format in any order (any evaluation tree), then stored in the compute format wit
 ulps("reduce"). ``row_sum_factor`` is that model's one formula: with the terms values of the
 accumulator (the compute format is no finer than it), |fl(sum) - sum| <= (n - 1) u_acc sum |x|
 (Jeannerod & Rump 2013, any order, any n); otherwise gamma_n(u_acc) sum |x| + n eta_acc (every
-term rounded on entry). A mean adds one division. Drift: sum of drifts plus both kernels'
+term rounded on entry). Every partial sum is bounded the same way (``partial_overflow``): where
+one may exceed the accumulator's range the sum has no bound (inf), even if the exact sum is in
+range (fp16: 40000 + 40000 = inf before - 40000). A mean adds one division. Drift: sum of drifts plus both kernels'
 errors. Max/min are monotone selections (1-Lipschitz in L-inf): drift within [min dl, max dh]
 of the reduced group.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -34,6 +38,20 @@ def row_sum_factor(spec: KernelSpec, n: int) -> tuple[float, float]:
     exact = terms_exact(spec)
     k = sum_error(n, acc.u, exact)
     return k * (1 + 1e-12), (0.0 if exact else n * acc.eta)
+
+
+def partial_overflow(spec: KernelSpec, n: int, pos: torch.Tensor, neg: torch.Tensor
+                     ) -> torch.Tensor:
+    """Whether some partial sum of a row accumulated by ``spec`` may overflow the accumulator.
+
+    Every partial sum (any order, any tree) is a sum over a subset of the terms, so its exact
+    value lies in [-neg, pos] (pos: the sum of the positive parts, neg: of the negative parts'
+    magnitudes), and its computed value within (1 + k) max(pos, neg) + a of 0 (row_sum_factor,
+    which bounds every subtree as it bounds the root). Beyond the accumulator's max_finite it
+    may be +-inf, and the sum then inf or NaN although the exact sum is in range."""
+    k, a = row_sum_factor(spec, n)
+    big = torch.maximum(pos, neg) * (1 + k) * (1 + (n + 4) * 2.0**-52) + a
+    return big > spec.accumulate.max_finite
 
 
 def _axes(ctx: RuleCtx, x: Box, axes) -> tuple[int, ...]:
@@ -62,6 +80,13 @@ def _reduce_sum(ctx: RuleCtx, x: Box, dims: tuple[int, ...], keep: bool, mean: b
             s_lo, s_hi = s_lo / n, s_hi / n
             acc = acc / n
         lo2, hi2, r = ctx.round(spec, "reduce", s_lo, s_hi, steps=2 if mean else 1)
+        pos = hi.clamp_min(0.0).sum(dims, keepdim=keep)
+        neg = (-lo).clamp_min(0.0).sum(dims, keepdim=keep)
+        over = partial_overflow(spec, n, pos, neg)
+        if bool(over.any()):  # a partial sum may be +-inf: no bound
+            lo2 = torch.where(over, -math.inf, lo2)
+            hi2 = torch.where(over, math.inf, hi2)
+            r = torch.where(over, math.inf, r)
         vals += [lo2, hi2]
         errs.append(acc + r)
     d_lo, d_hi = fsum(x.dl, x.dh, dims, keepdim=keep)

@@ -9,15 +9,18 @@ opset 13/18, as input after).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from kcverify.bounds.box import Box, Concrete
+from kcverify.bounds.box import Box, Concrete, mag, pad_hi, pad_lo
 from kcverify.bounds.registry import CONCRETE_OPS, Interval, RuleCtx, bound_rule, concrete_op
 from kcverify.bounds.rules import cache
 from kcverify.errors import BoundError
+from kcverify.kernels.formats import Format, get_format
+from kcverify.kernels.spec import KernelSpec
 from kcverify.models.ir import Node
 
 _ONNX_TO_TORCH = {
@@ -161,16 +164,83 @@ for _op in MOVEMENT:
     bound_rule(_op, domain=Interval)(_movement_rule(_op))
 
 
-@bound_rule("Cast", domain=Interval)
-@exact
-def cast(ctx: RuleCtx, x) -> Box:
-    """Cast of a float tensor to a float type: the kernel stores tensors in its compute format
-    anyway, so this is the identity on value sets (a cast to an integer type is refused)."""
+_CAST_FORMATS = {1: "fp32", 10: "fp16", 11: "fp64", 16: "bf16"}
+
+
+def _contains(big: Format, small: Format) -> bool:
+    """Whether every value of ``small`` is a value of ``big``."""
+    return big.name == "fp64" or (big.mantissa_bits >= small.mantissa_bits
+                                  and big.exponent_bits >= small.exponent_bits)
+
+
+def cast_target(ctx: RuleCtx) -> Format:
+    """The float format a Cast node converts to (a cast to a non-float type is refused)."""
     to = int(ctx.attr("to", 1))
-    if to not in (1, 10, 11, 16):
+    if to not in _CAST_FORMATS:
         raise BoundError(f"Cast node {ctx.node.name!r}: cast of a bounded float tensor to a "
                          f"non-float type ({to}) is not supported")
-    return ctx.lift(x)
+    return get_format(_CAST_FORMATS[to])
+
+
+def cast_is_exact(spec: KernelSpec, target: Format) -> bool:
+    """Whether the Cast to ``target`` is the identity on ``spec``'s compute-format values."""
+    return _contains(target, spec.compute)
+
+
+def _round_to(fmt: Format, lo: torch.Tensor, hi: torch.Tensor, rounding: str
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Image of [lo, hi] under a rounding into ``fmt`` (nearest-even: monotone, so [Q(lo),
+    Q(hi)], beyond the range +-inf as IEEE's overflow; any direction: a neighbour, within one
+    spacing 2u|v| + 2 eta), and the bound on |Q(v) - v| (inf where it may overflow)."""
+    from kcverify.bounds.casts import rne
+
+    if fmt.name == "fp64":
+        return lo, hi, torch.zeros_like(lo)
+    m = fmt.max_finite
+    if rounding == "nearest":
+        q_lo, q_hi = rne(lo, fmt), rne(hi, fmt)
+        e = fmt.u * mag(lo, hi) + fmt.eta
+    else:
+        e = 2 * (fmt.u * mag(lo, hi) + fmt.eta)
+        q_lo, q_hi = pad_lo(lo - 2 * fmt.u * lo.abs() - 2 * fmt.eta), pad_hi(hi + 2 * fmt.u * hi.abs()
+                                                                             + 2 * fmt.eta)
+        # a neighbour of a value within the range is within it; beyond it, inf
+        q_lo = torch.where(q_lo < -m, torch.where(lo < -m, -math.inf, -m), q_lo)
+        q_hi = torch.where(q_hi > m, torch.where(hi > m, math.inf, m), q_hi)
+    over = (torch.isinf(q_lo) & torch.isfinite(lo)) | (torch.isinf(q_hi) & torch.isfinite(hi))
+    e = torch.where(over, math.inf, pad_hi(e, 1e-12))
+    return q_lo, q_hi, e
+
+
+def cast_image(spec: KernelSpec, target: Format, lo: torch.Tensor, hi: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One kernel's Cast of its values in [lo, hi] to ``target``: rounded into ``target`` (the
+    spec's cast rounding), then stored in the compute format (nearest) unless that holds every
+    ``target`` value. Returns the value set and the bound on |result - v| (inf on overflow)."""
+    if cast_is_exact(spec, target):
+        return lo, hi, torch.zeros_like(lo)
+    q_lo, q_hi, e = _round_to(target, lo, hi, spec.rounding)
+    if not _contains(spec.compute, target):
+        q_lo, q_hi, e2 = _round_to(spec.compute, q_lo, q_hi, "nearest")
+        e = e + e2
+    return q_lo, q_hi, e
+
+
+@bound_rule("Cast", domain=Interval)
+def cast(ctx: RuleCtx, x) -> Box:
+    """Cast of a float tensor to a float type (a cast to an integer type is refused). A program
+    executing the graph rounds there (onnxruntime's fp32 Cast(fp16) -> Cast(fp32) does): each
+    kernel's value is the round-to-nearest-even image in the target format (any neighbour with
+    ``rounding: any``), +-inf beyond its range, then stored in the kernel's compute format; the
+    identity where the target holds every compute-format value. Drift: the input's plus both
+    casts' errors."""
+    target = cast_target(ctx)
+    b = ctx.lift(x)
+    if cast_is_exact(ctx.train, target) and cast_is_exact(ctx.inf, target):
+        return b
+    tl, th, et = cast_image(ctx.train, target, b.tl, b.th)
+    il, ih, ei = cast_image(ctx.inf, target, b.il, b.ih)
+    return Box.make(tl, th, il, ih, b.dl - et - ei, b.dh + et + ei)
 
 
 @bound_rule("Gather", domain=Interval)

@@ -18,7 +18,8 @@ input (sigma' the sum's total relative error, out the output's), plus
 
 Drift (mean-value theorem per component): dp_j = p_j(xi) (dx_j - sum_k p_k(xi) dx_k) for some xi
 in the hull, and sum_k p_k dx_k lies in [min_k dl_k, max_k dh_k] (p is in the simplex) and in
-sum_k P_k * [dl_k, dh_k]. Masked entries (-inf in both kernels) give exactly 0.
+sum_k P_k * [dl_k, dh_k]. Masked entries (-inf in both kernels) give exactly 0; a row that may
+be masked throughout gives NaN in every program that subtracts its row max: no bound.
 """
 
 from __future__ import annotations
@@ -112,6 +113,15 @@ def softmax_box(ctx: RuleCtx, x: Box) -> Box:
     vd_hi = exact[1][1] - exact[0][0]
     d_lo = meet_lo(g_lo, vd_lo) - errs[0] - errs[1]
     d_hi = meet_hi(g_hi, vd_hi) + errs[0] + errs[1]
+    # a row that may be -inf throughout (fully masked): (-inf) - (-inf) = NaN in every program
+    # that subtracts its row max (torch, onnxruntime): no bound there
+    full_t = (x.tl == -INF).all(-1, keepdim=True).expand(d_lo.shape)
+    full_i = (x.il == -INF).all(-1, keepdim=True).expand(d_lo.shape)
+    if bool((full_t | full_i).any()):
+        full = full_t | full_i
+        parts = [torch.where(f, v, p) for f, v, p in zip(
+            (full_t, full_t, full_i, full_i), (-INF, INF, -INF, INF), parts)]
+        d_lo, d_hi = torch.where(full, -INF, d_lo), torch.where(full, INF, d_hi)
     return Box.make(*parts, d_lo, d_hi)
 
 

@@ -17,6 +17,17 @@ program (or a real runtime that must conform) outside the certified sets. Marked
    element's quotient exceeds 57344; rounded toward -inf / +inf (a neighbour, IEEE's overflow
    rule) it becomes an infinity, and the MatMul's output NaN; the engine assumes a dynamic
    scale cannot overflow.
+5. Overflow in the compute format (fp16: 40000 + 30000 = inf): the interval domain's drift
+   interval stays finite although the value interval admits inf; ``best`` (the zonotope) even
+   certifies a finite value interval beyond 65504.
+6. A static activation scale whose quotient overflows: NaN inside the MatMul rule; a Gemm with
+   alpha and a bias then certifies the bias alone as a point (plain MatMul: InternalError).
+7. fp16 underflow to 0: a divisor (1e-9) or LayerNorm's var + eps (BERT's eps = 1e-12 on a
+   constant row): 0/0 or 0 * inf = NaN, certified finite.
+8. (minor) A fully masked softmax row: NaN in torch / onnxruntime, value interval [-eta, inf].
+
+Each test names the smallest input that shows it; the combinations are skipped in the generic
+rule sweep (rulecases.covered_by_a_finding) until the fix lands.
 """
 
 from __future__ import annotations
@@ -159,3 +170,20 @@ def test_underflow_to_zero_in_fp16() -> None:
                     [(Program(TRAIN), Program(f16, ln_form=f)) for f in ("two_pass", "two_pass_acc")],
                     domain="best")
     _ok(led, "finding/fp16-underflow", found)
+
+
+def test_fully_masked_softmax_row() -> None:
+    """A row of -inf (a padding row under an additive -inf mask): torch, onnxruntime and every
+    program that subtracts its row max compute (-inf) - (-inf) = NaN. Certified: values in
+    [-eta, inf] (not the no-bound (-inf, inf) that NaN needs); the drift is (-inf, inf), so no
+    finite linf is claimed. Minor, but a value interval that excludes what runtimes return."""
+    import torch
+
+    led = Ledger()
+    model = node_model("Softmax", [("x", (1, 2, 4))], {"axis": -1}, opset=13)
+    x = np.array([[[-np.inf] * 4, [0, 1, -np.inf, 2]]], np.float32)
+    torch_sm = Runtime("torch.softmax", lambda f: {
+        "y0": torch.softmax(torch.from_numpy(f["x"]), -1).numpy()})
+    found = attack(led, "finding/masked-row", model, TRAIN, TRAIN, {"x": x},
+                   [(torch_sm, _ort(model))], domain="best")
+    _ok(led, "finding/masked-row", found)

@@ -87,6 +87,9 @@ class DriftResult:
     blocks: list[BlockRecord] = field(default_factory=list)
     seconds: float = 0.0
     domain: str = "interval"
+    # per input: activation casts whose input enclosure straddles a rounding midpoint
+    # (kcverify.bounds.diagnostics); None when the run did not count them
+    unstable_casts: np.ndarray | None = None
 
 
 def _rule_domain(domain: str) -> str:
@@ -548,6 +551,31 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
         acc |= set(b.inputs)
     needed_later.reverse()
     method = domain if domain in ("separate", "linear", "best", "zonotope") else "interval"
+    batch = next(iter(fd.values())).shape[0] if fd else 1
+    from kcverify.bounds import diagnostics
+
+    with diagnostics.collecting(batch) as diag:
+        _run_blocks(blks, needed_later, state, records, method, train_spec, inf_spec, domain,
+                    device, region_tensors, progress)
+    outputs = {v.name: state[v.name] for v in graph.outputs}
+    linf = np.zeros(batch)
+    from kcverify.models.blocks import sample_axes
+
+    axes = sample_axes(graph)
+    for v in graph.outputs:
+        if _is_int(graph, v.name):
+            continue
+        linf = np.maximum(linf, _per_sample_linf(outputs[v.name], axes.get(v.name), batch))
+    return DriftResult(linf, outputs, records, time.perf_counter() - t0, domain,
+                       diag.get("unstable_casts", np.zeros(batch, dtype=np.int64)))
+
+
+def _run_blocks(blks: list[Any], needed_later: list[set[str]], state: dict[str, Any],
+                records: list[BlockRecord], method: str, train_spec: KernelSpec,
+                inf_spec: KernelSpec, domain: str, device: str,
+                region_tensors: Mapping[str, Callable[[Any], Box]],
+                progress: Callable[[int, int, str], None] | None) -> None:
+    """Bound the blocks in order, keeping in ``state`` only what later blocks need."""
     for k, b in enumerate(blks):
         if progress is not None:
             progress(k, len(blks), b.name)
@@ -561,14 +589,3 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
         for name in list(state):
             if name not in needed_later[k]:
                 state.pop(name)
-    outputs = {v.name: state[v.name] for v in graph.outputs}
-    batch = next(iter(fd.values())).shape[0] if fd else 1
-    linf = np.zeros(batch)
-    from kcverify.models.blocks import sample_axes
-
-    axes = sample_axes(graph)
-    for v in graph.outputs:
-        if _is_int(graph, v.name):
-            continue
-        linf = np.maximum(linf, _per_sample_linf(outputs[v.name], axes.get(v.name), batch))
-    return DriftResult(linf, outputs, records, time.perf_counter() - t0, domain)

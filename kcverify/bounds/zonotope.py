@@ -961,7 +961,7 @@ def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
                  box_b: Box | None, aw: bool, bw: bool, axes: tuple) -> ZState | None:
     """(cast A) @ (cast B) for both kernels, accumulated in any order and rounded (the
     accumulation enclosure of rules/linear.py). ``axes``: the operands' sample axes."""
-    from kcverify.bounds.rules.linear import accumulation_error
+    from kcverify.bounds.rules.linear import _grid_pair, accumulation_error
 
     a = zt.symbolize(a) if isinstance(a, ZState) else a
     b = zt.symbolize(b) if isinstance(b, ZState) else b
@@ -983,11 +983,23 @@ def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
         n = a_lo.shape[-1]
         acc = accumulation_error(spec, n, mag(a_lo, a_hi) @ mag(b_lo, b_hi), sa[0] * sb[0],
                                  sa[1] * sb[1])
+        grid = _grid_pair(ctx, spec, k, a, *_pre_cast(a, box_a, k, ctx), aw, axes[0], None,
+                          b, *_pre_cast(b, box_b, k, ctx), bw, -1, -2, axes[1], n, count=False)
+        if grid is not None:  # the sharper enclosure of exact products (rules/linear.py)
+            acc = torch.minimum(acc, grid[2])
         acc = pad_hi(acc * (1 + (n + 4) * U64)) + TINY
         y = _add_err(y, acc)
         y = _round(ctx, spec, "mul", y, steps=2)
         out.append(y)
     return ZState(*out)
+
+
+def _pre_cast(x: Any, box: Box | None, k: int, ctx: RuleCtx) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel k's value bounds of a matmul operand before its cast."""
+    if isinstance(x, Concrete):
+        lifted = ctx.lift(x)
+        return (lifted.tl, lifted.th) if k == 0 else (lifted.il, lifted.ih)
+    return in_bounds(x, box, k)
 
 
 def _weights_raw(zt: ZonoTrack, ctx: RuleCtx, states: list) -> tuple[list, list[bool]]:

@@ -11,6 +11,16 @@ partial sums may overflow the accumulator. The result is rescaled and rounded to
 format (two roundings allowed). Value sets: interval matmul (midpoint-radius, float64 error
 included).
 
+Grid operands (``_grid_operand``): when both operands are values of float formats whose products
+are exact in the accumulator (fp8 x fp8, fp8 x bf16 into fp32) and their scales are constant
+along K, the rule also works in the unscaled units the accumulator sees: the value set is
+(Q_a @ Q_b +- E) * [s_a s_b] with Q the format values' intervals, and E the sharpest enclosure of
+kcverify.bounds.accumulate (exact rows have E = 0: every summation order gives the same sum).
+Keeping the scale as one factor, instead of a width on every product, stops the scale's own
+uncertainty from being amplified by the cancellation inside the sum. Both value sets are sound;
+the rule keeps their intersection. Activation casts whose quotient enclosure straddles a
+rounding midpoint are counted per input (kcverify.bounds.diagnostics: unstable casts).
+
 Drift: with A_k, B_k the cast operands of kernel k,
 A_i B_i - A_t B_t = (A_i - A_t) B_i + A_t (B_i - B_t), where A_i - A_t = dA + e_i - e_t (the input
 drift plus both cast errors, each bounded by the cast image minus the operand's value set or the
@@ -24,10 +34,13 @@ from dataclasses import dataclass
 
 import torch
 
+from kcverify.bounds import diagnostics
+from kcverify.bounds.accumulate import dot_error, grain_lower
 from kcverify.bounds.box import (
     Box,
     Concrete,
     imatmul,
+    imul,
     mag,
     meet_hi,
     meet_lo,
@@ -36,6 +49,7 @@ from kcverify.bounds.box import (
     pad_lo,
 )
 from kcverify.bounds.casts import (
+    SCALE_SLACK,
     activation_cast,
     activation_scale_bounds,
     block_scale_bounds,
@@ -139,6 +153,98 @@ def _operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tens
     return lo, hi, zero, zero
 
 
+_GRID_SCALES = ("none", "static", "dynamic_per_tensor", "dynamic_per_token")
+_GRID_WEIGHT_SCALES = ("none", "static", "per_tensor", "per_channel")
+
+
+def _grid_operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tensor,
+                  weight: bool, side: str, out_axis: int, k_axis: int, sample_axis,
+                  count: bool = True) -> tuple | None:
+    """(format, q_lo, q_hi, s_lo, s_hi): the operand as format values q times a scale constant
+    along K (q, s broadcastable to the operand), for the grid path of the module doc; None when
+    the operand is not of that kind (per-block scales, integer formats, ``rounding: any``, a
+    weight kept in its own precision)."""
+    cs = spec.weights if weight else spec.activations
+    one = torch.ones([1] * lo.dim(), dtype=lo.dtype, device=lo.device)
+    if cs is None:
+        fmt = spec.compute
+        if weight or fmt.kind != "float" or fmt.mantissa_bits >= 52:
+            return None
+        return fmt, lo, hi, one, one  # stored in the compute format, unscaled
+    if cs.format.kind != "float" or spec.rounding != "nearest":
+        return None
+    if weight:
+        if cs.scale not in _GRID_WEIGHT_SCALES or not (isinstance(x, Concrete) and x.rounds == 0):
+            return None
+        from kcverify.kernels.scale import weight_scale
+
+        c = weight_cast(x.value.to(lo.device), cs, spec.rounding, out_axis, k_axis,
+                        spec.accumulate.u)[0]
+        sc = weight_scale(x.value.to(lo.device, torch.float64), cs, out_axis, k_axis)
+        q = c / sc
+        if not torch.equal(q * sc, c):
+            return None
+        return cs.format, q, q, sc, sc
+    if cs.scale not in _GRID_SCALES:
+        return None
+    s_lo, s_hi = activation_scale_bounds(lo, hi, cs, side, sample_axis, ctx.batch)
+    t_lo, t_hi = imul(lo, hi, 1.0 / s_hi, 1.0 / s_lo)
+    t_lo, t_hi = pad_lo(t_lo, SCALE_SLACK), pad_hi(t_hi, SCALE_SLACK)
+    if cs.scale.startswith("dynamic"):
+        lim = cs.format.max_finite * (1 + 2 * SCALE_SLACK)
+        t_lo, t_hi = t_lo.clamp(-lim, lim), t_hi.clamp(-lim, lim)
+    q_lo, q_hi = rne(t_lo, cs.format), rne(t_hi, cs.format)
+    if count:
+        _note_unstable(q_lo != q_hi, sample_axis)
+    return cs.format, q_lo, q_hi, s_lo, s_hi
+
+
+def _note_unstable(mask: torch.Tensor, sample_axis) -> None:
+    """Count the straddling casts of one operand per sample (diagnostics)."""
+    if isinstance(sample_axis, int) and not isinstance(sample_axis, bool) and mask.dim() > 0:
+        a = sample_axis % mask.dim()
+        dims = [d for d in range(mask.dim()) if d != a]
+        per = mask.sum(dim=dims) if dims else mask.to(torch.int64)
+        diagnostics.note("unstable_casts", per.cpu().numpy())
+    else:
+        diagnostics.note("unstable_casts", int(mask.sum()))
+
+
+def grid_accumulation(spec: KernelSpec, ga: tuple, gb: tuple, n: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The grid path of the module doc for one kernel: (value lo, value hi, |error| in output
+    units) of (Q_a s_a) @ (Q_b s_b) accumulated in any order, before the final roundings; None
+    when the products are not exact in the accumulator or the sums may overflow it."""
+    fa, qa_lo, qa_hi, sa_lo, sa_hi = ga
+    fb, qb_lo, qb_hi, sb_lo, sb_hi = gb
+    acc = spec.accumulate
+    if fa.mantissa_bits + fb.mantissa_bits + 2 > acc.mantissa_bits + 1:
+        return None
+    if not all(bool(torch.isfinite(t).all()) for t in (qa_lo, qa_hi, qb_lo, qb_hi)):
+        return None
+    g_a, g_b = grain_lower(qa_lo, qa_hi, fa), grain_lower(qb_lo, qb_hi, fb)
+    # every nonzero product representable: its grain at least the accumulator's least subnormal
+    tiny = acc.min_normal * 2.0 ** -acc.mantissa_bits
+    if float(g_a.min()) * float(g_b.min()) < tiny:
+        return None
+    err = dot_error(qa_lo, qa_hi, qb_lo, qb_hi, acc, True, g_a, g_b)
+    qa_lo, qa_hi, qb_lo, qb_hi = (torch.broadcast_to(t, t.shape) for t in (qa_lo, qa_hi, qb_lo, qb_hi))
+    s_lo, s_hi, magn = imatmul(qa_lo, qa_hi, qb_lo, qb_hi)
+    if not bool((magn * (1 + n * acc.u) * 1.01 < acc.max_finite).all()):
+        return None  # a partial sum may overflow: the general enclosure says inf
+    # one scale per row of A / column of B (constant along K); an element's range may be given
+    # per element (an unknown sample axis): the row's common factor lies in their hull
+    if sa_lo.dim() and sa_lo.shape[-1] > 1:
+        sa_lo, sa_hi = sa_lo.amin(-1, keepdim=True), sa_hi.amax(-1, keepdim=True)
+    if sb_lo.dim() > 1 and sb_lo.shape[-2] > 1:
+        sb_lo, sb_hi = sb_lo.amin(-2, keepdim=True), sb_hi.amax(-2, keepdim=True)
+    # scales are positive; the product of the two ranges, outward
+    sc_lo = pad_lo(sa_lo * sb_lo, 2.0**-52)
+    sc_hi = pad_hi(sa_hi * sb_hi, 2.0**-52)
+    v_lo, v_hi = imul(pad_lo(s_lo - err), pad_hi(s_hi + err), sc_lo, sc_hi)
+    return pad_lo(v_lo), pad_hi(v_hi), pad_hi(err * sc_hi, 2.0**-50)
+
+
 @dataclass
 class _WeightSide:
     """What matmul_box derives from a constant right operand alone: its lifted box, each
@@ -148,20 +254,22 @@ class _WeightSide:
     ops: tuple[tuple, tuple]
     drift: tuple[torch.Tensor, torch.Tensor]
     scales: tuple[tuple, tuple]
+    grids: tuple = (None, None)
 
 
 def _weight_side(ctx: RuleCtx, b: Concrete, out_axis: int, k_axis: int) -> _WeightSide:
     def build() -> _WeightSide:
         B = ctx.lift(b)
-        ops, scales = [], []
+        ops, scales, grids = [], [], []
         for k, spec in enumerate(ctx.kernels):
             lo, hi = (B.tl, B.th) if k == 0 else (B.il, B.ih)
             *cb, eb = _split(_operand(ctx, spec, b, lo, hi, True, "right", out_axis, k_axis))
             ops.append((tuple(cb), eb))
             scales.append(operand_scales(ctx, spec, b, lo, hi, True, "right", out_axis, k_axis))
+            grids.append(_grid_operand(ctx, spec, b, lo, hi, True, "right", out_axis, k_axis, None))
         (cb_t, eb_t), (cb_i, eb_i) = ops
         return _WeightSide(B, (ops[0], ops[1]), _cast_drift(B, cb_t, cb_i, eb_t, eb_i),
-                           (scales[0], scales[1]))
+                           (scales[0], scales[1]), (grids[0], grids[1]))
     return cache.cached(ctx, b, ("matmul-weight", out_axis, k_axis), build)
 
 
@@ -196,6 +304,12 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
         lo, hi, magn = nan_to(lo, -INF), nan_to(hi, INF), nan_to(magn, INF)
         acc = accumulation_error(spec, n, magn, sa[0] * sb[0], sa[1] * sb[1])
         lo, hi = lo - acc, hi + acc
+        grid = _grid_pair(ctx, spec, k, a, a_lo, a_hi, a_weight, ax_a, ws, b, b_lo, b_hi,
+                          b_weight, b_out_axis, b_k_axis, ax_b, n)
+        if grid is not None:
+            g_lo, g_hi, g_err = grid
+            lo, hi = torch.maximum(lo, g_lo), torch.minimum(hi, g_hi)
+            acc = torch.minimum(acc, g_err)
         lo, hi, rnd = ctx.round(spec, "mul", lo, hi, steps=2)
         vals += [lo, hi]
         errs.append(pad_hi(acc + rnd))
@@ -211,6 +325,22 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
     dl = pad_lo(d1_lo + d2_lo) - errs[0] - errs[1]
     dh = pad_hi(d1_hi + d2_hi) + errs[0] + errs[1]
     return Box.make(*vals, dl, dh)
+
+
+def _grid_pair(ctx: RuleCtx, spec: KernelSpec, k: int, a, a_lo, a_hi, a_weight: bool, ax_a,
+               ws: _WeightSide | None, b, b_lo, b_hi, b_weight: bool, b_out_axis: int,
+               b_k_axis: int, ax_b, n: int, count: bool = True):
+    """grid_accumulation for kernel k's operands, or None (module doc). ``count``: report the
+    unstable casts (the interval rule does; a relational domain beside it does not again)."""
+    ga = _grid_operand(ctx, spec, a, a_lo, a_hi, a_weight, "left", -2, -1, ax_a, count)
+    if ga is None:
+        return None
+    gb = (ws.grids[k] if ws is not None else
+          _grid_operand(ctx, spec, b, b_lo, b_hi, b_weight, "right", b_out_axis, b_k_axis, ax_b,
+                        count))
+    if gb is None:
+        return None
+    return grid_accumulation(spec, ga, gb, n)
 
 
 def _split(op: tuple) -> tuple:

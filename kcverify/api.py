@@ -187,13 +187,21 @@ class BoundResult:
     seconds: float
     region: dict[str, Any] | None = None
     blocks: list[dict[str, str]] = field(default_factory=list)
+    # per input: activation casts whose input enclosure straddles a rounding midpoint
+    unstable_casts: np.ndarray | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``bound --json`` object (schema ``bound``), plain JSON values."""
+        rows = []
+        for k, v in enumerate(self.linf):
+            row: dict[str, Any] = {"index": k, "linf": float(v)}
+            if self.unstable_casts is not None:
+                row["unstable_casts"] = int(self.unstable_casts[k])
+            rows.append(row)
         return json_value({
             "model": self.model, "contract": self.contract, "domain": self.domain,
             "region": self.region, "seconds": self.seconds, "blocks": self.blocks,
-            "bounds": [{"index": k, "linf": float(v)} for k, v in enumerate(self.linf)]})
+            "bounds": rows})
 
 
 def read_inputs(path: PathLike) -> np.ndarray | dict[str, np.ndarray]:
@@ -284,6 +292,9 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
     return BoundResult(
         model=os.fspath(model), contract=os.fspath(contract), domain=domain,
         linf=np.concatenate([r.linf for r in results]),
+        unstable_casts=(np.concatenate([r.unstable_casts for r in results])
+                        if all(getattr(r, "unstable_casts", None) is not None for r in results)
+                        else None),
         seconds=sum(r.seconds for r in results),
         region=None if region is None else {"space": region.space, "norm": region.norm,
                                              "eps": region.eps},

@@ -63,6 +63,9 @@ def test_bound_json_infinite_bound_is_strict(tmp_path: Path,
     assert code == 0
     out = strict_loads(capsys.readouterr().out)
     assert [b["linf"] for b in out["bounds"]] == ["inf"]
+    # how close the input sits to fp8 rounding boundaries: counted, and some straddle here
+    assert all(isinstance(b["unstable_casts"], int) for b in out["bounds"])
+    assert out["bounds"][0]["unstable_casts"] > 0
     validate(out, "bound")
 
 

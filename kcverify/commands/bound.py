@@ -67,5 +67,7 @@ def run(args: argparse.Namespace) -> int:
     w(f"{args.model}: certified drift bounds (kernels train -> inf, domain {args.domain}, "
       f"{len(res.blocks)} blocks, {res.seconds:.2f} s)\n")
     for k, v in enumerate(res.linf):
-        w(f"  input {k:>4}  linf <= {float(v):.6g}\n")
+        unstable = ("" if res.unstable_casts is None
+                    else f"   unstable casts {int(res.unstable_casts[k])}")
+        w(f"  input {k:>4}  linf <= {float(v):.6g}{unstable}\n")
     return 0

@@ -28,8 +28,9 @@ def spec_from_canonical(name: str, canon: dict[str, Any]) -> Any:
     for role in ("weights", "activations"):
         if role in raw:
             r = dict(raw[role])
-            if "value" in r:
-                r["value"] = unfx(r["value"], f"params.kernels.{name}.{role}.value")
+            for key in ("value", "amax_floor"):  # hex floats in the canonical form
+                if key in r:
+                    r[key] = unfx(r[key], f"params.kernels.{name}.{role}.{key}")
             raw[role] = r
     return parse_kernel_spec(name, raw)
 

@@ -96,8 +96,10 @@ class CastSpec:
             out["block_size"] = self.block_size
         if self.value is not None:
             out["value"] = float(self.value).hex()
-        if self.amax_floor is not None:
-            out["amax_floor"] = float(self.amax_floor).hex()
+        if self.amax_floor is not None or self.scale in AMAX_SCALES:
+            # explicit even when defaulted: a certificate's spec digest names the floor its
+            # scales were bounded with
+            out["amax_floor"] = float(self.floor).hex()
         return out
 
 
@@ -119,7 +121,9 @@ class KernelSpec:
         return float(self.ulps.get(primitive, DEFAULT_ULPS.get(primitive, 2)))
 
     def canonical(self) -> dict[str, Any]:
-        """A JSON-able, order-independent form: what certificates digest."""
+        """A JSON-able, order-independent form: what certificates digest. Every semantic default
+        is written out (``moments``, each amax-derived scale's ``amax_floor``), so the digest
+        says which semantics a proof was made under."""
         out: dict[str, Any] = {
             "compute": self.compute.name,
             "accumulate": self.accumulate.name,
@@ -132,8 +136,7 @@ class KernelSpec:
             out["activations"] = self.activations.canonical()
         if self.onnx is not None:
             out["onnx"] = self.onnx
-        if self.moments != "sums":
-            out["moments"] = self.moments
+        out["moments"] = self.moments  # explicit: the LayerNorm family the proof covers
         return out
 
 

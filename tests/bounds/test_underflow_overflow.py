@@ -134,13 +134,21 @@ def test_fp16_accumulation_of_unscaled_fp8_products_is_unbounded() -> None:
 
 
 def test_amax_floor_in_the_spec() -> None:
-    """``amax_floor`` is part of the spec (and of its canonical form only when given)."""
+    """``amax_floor`` is part of the spec and of its canonical form (the default written out, so
+    a certificate's digest names the floor; a static scale has none)."""
     sp = parse_kernel_spec("inf", {"activations": {"format": "fp8_e4m3",
                                                    "scale": "dynamic_per_tensor",
                                                    "amax_floor": 2.0**-30}})
     assert sp.activations.floor == 2.0**-30
     assert sp.canonical()["activations"]["amax_floor"] == (2.0**-30).hex()
-    assert "amax_floor" not in parse_kernel_spec("inf", FP8).canonical()["activations"]
+    from kcverify.kernels.spec import DEFAULT_AMAX_FLOOR, _fl32
+
+    default = parse_kernel_spec("inf", FP8).canonical()["activations"]
+    assert default["amax_floor"] == _fl32(DEFAULT_AMAX_FLOOR).hex()
+    assert default != sp.canonical()["activations"]
+    static = parse_kernel_spec("inf", {"activations": {"format": "fp8_e4m3", "scale": "static",
+                                                       "value": 0.5}})
+    assert "amax_floor" not in static.canonical()["activations"]
     from kcverify.errors import KernelSpecError
 
     with pytest.raises(KernelSpecError, match="normal float32"):

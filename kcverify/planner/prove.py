@@ -46,6 +46,7 @@ class ProveOptions:
     confidence: float = 0.95
     runtime_repeats: int = 3
     smt_timeout: float = 30.0  # seconds per input for z3 on small blocks
+    region_timeout: float = 60.0  # seconds of input splitting per VNN-LIB slice (regions)
     cert_path: Path | None = None  # default MODEL.kcert.json
     embed: bool = False
     write_certificate: bool = True
@@ -54,6 +55,11 @@ class ProveOptions:
     # maps the slices' bound runs as independent work items (kcverify.distributed: Ray);
     # None: one at a time, here, when a clause first needs them
     executor: Any = None
+    # inputs per chunk of a slice, each chunk bounded and chained on its own (sequential with
+    # rows), the chunks' per-input conclusions joined by concat-rows. None: 1 when the domain
+    # is relational (linear, zonotope; best on slices of more than ZONO_BEST_ROWS inputs, so
+    # best carries the zonotope), else the whole slice; 0: the whole slice
+    chunk_rows: int | None = None
 
 
 @dataclass
@@ -89,9 +95,11 @@ class Session:
         self.output = floats[0]
         self.empirical = EmpiricalRun(contract, self.graph, device=options.device,
                                       output=self.output, confidence=options.confidence)
-        self._drift: dict[str, Any] = {}
+        self._drift: dict[tuple[str, int, int], Any] = {}
         self._blocks: dict[str, list[BlockDrift]] = {}
-        self.block_refs: dict[str, tuple[list[str], dict[str, Any]]] = {}
+        # per (slice, its chunks): per chunk (rows, block refs, sequential node)
+        self.block_refs: dict[tuple[str, tuple[tuple[int, int], ...]],
+                              list[tuple[tuple[int, int], list[str], dict[str, Any]]]] = {}
 
     def say(self, msg: str) -> None:
         if self.options.progress is not None:
@@ -109,52 +117,94 @@ class Session:
         self.slice(name)
         return self.empirical.feeds(name)
 
-    def drift(self, name: str) -> Any:
-        """The bound engine's result on slice ``name`` (one certify_drift run per slice)."""
+    def chunks(self, name: str) -> list[tuple[int, int]]:
+        """The chunks [(i0, i1)] slice ``name`` is bounded in (ProveOptions.chunk_rows)."""
+        from kcverify.bounds.engine import ZONO_BEST_ROWS
+
+        n = self.slice(name).n
+        size = self.options.chunk_rows
+        if size is None:
+            domain = self.options.domain
+            relational = domain in ("linear", "zonotope") or (domain == "best"
+                                                              and n > ZONO_BEST_ROWS)
+            size = 1 if relational else 0
+        if size < 0:
+            raise KcverifyError(f"chunk_rows must be >= 0, not {size}")
+        if size == 0 or size >= n:
+            return [(0, n)]
+        return [(i, min(n, i + size)) for i in range(0, n, size)]
+
+    def drift_chunk(self, name: str, rows: tuple[int, int]) -> Any:
+        """The bound engine's result on rows [i0, i1) of slice ``name`` (one run per chunk)."""
         from kcverify.bounds import certify_drift
 
-        if name not in self._drift:
+        key = (name, *rows)
+        if key not in self._drift:
             t0 = time.perf_counter()
+            what = f"slice {name!r}" + ("" if self.chunks(name) == [rows] else
+                                        f" inputs [{rows[0]}, {rows[1]})")
 
             def progress(k: int, n: int, block: str) -> None:
-                self.say(f"bounding slice {name!r}: block {k + 1}/{n} ({block})")
+                self.say(f"bounding {what}: block {k + 1}/{n} ({block})")
 
-            self._drift[name] = certify_drift(self.graph, self.train, self.inf,
-                                              **self.drift_item(name), progress=progress)
-            self.say(f"bounded slice {name!r} in {time.perf_counter() - t0:.1f}s: "
-                     f"certified max drift {float(np.max(self._drift[name].linf)):.4g}")
-        return self._drift[name]
+            self._drift[key] = certify_drift(self.graph, self.train, self.inf,
+                                             **self.drift_item(name, rows), progress=progress)
+            self.say(f"bounded {what} in {time.perf_counter() - t0:.1f}s: "
+                     f"certified max drift {float(np.max(self._drift[key].linf)):.4g}")
+        return self._drift[key]
 
-    def drift_item(self, name: str) -> dict[str, Any]:
-        """The bound engine's work on slice ``name``: certify_drift's arguments besides the
-        graph and the kernels."""
+    def drift(self, name: str) -> Any:
+        """The bound engine's result on slice ``name``: its chunks' runs, joined along the
+        inputs (linf, outputs, unstable casts; blocks: every chunk's records, in order)."""
+        from kcverify.bounds.engine import DriftResult
+        from kcverify.boxes import FIELDS, DiffBox
+
+        parts = [self.drift_chunk(name, r) for r in self.chunks(name)]
+        if len(parts) == 1:
+            return parts[0]
+        outs = {k: DiffBox(*(np.concatenate([np.asarray(getattr(p.outputs[k], f)) for p in parts])
+                             for f in FIELDS)) for k in parts[0].outputs}
+        unstable = (None if any(p.unstable_casts is None for p in parts)
+                    else np.concatenate([p.unstable_casts for p in parts]))
+        return DriftResult(np.concatenate([p.linf for p in parts]), outs,
+                           [r for p in parts for r in p.blocks], sum(p.seconds for p in parts),
+                           parts[0].domain, unstable)
+
+    def drift_item(self, name: str, rows: tuple[int, int] | None = None) -> dict[str, Any]:
+        """The bound engine's work on slice ``name`` (rows [i0, i1) of it when given):
+        certify_drift's arguments besides the graph and the kernels."""
         from kcverify.bounds import Region
 
         sl = self.contract.slices[name]
         region = None
         if sl.region is not None:
             region = Region(space=sl.region.space, norm=sl.region.norm, eps=sl.region.eps)
-        return dict(feeds=self.feeds(name), region=region, domain=self.options.domain,
+        feeds = self.feeds(name)
+        if rows is not None:
+            feeds = {k: v[rows[0]:rows[1]] for k, v in feeds.items()}
+        return dict(feeds=feeds, region=region, domain=self.options.domain,
                     device=self.options.device)
 
     def prefetch_drifts(self, executor: Any) -> None:
-        """Bound every slice a certifiable clause queries (the runs drift() makes when a clause
-        first needs them) as independent work items: ``executor.map_drift`` returns them in
-        slice order (kcverify.distributed)."""
+        """Bound every chunk of every slice a certifiable clause queries (the runs drift_chunk()
+        makes when a clause first needs them) as independent work items: ``executor.map_drift``
+        returns them in order (kcverify.distributed)."""
         names = list(dict.fromkeys(q.slice for c in self.contract.clauses
                                    if c.klass == "certifiable"
                                    for q in numerical_queries(c) or []
                                    if q.slice in self.contract.slices))
-        names = [n for n in names if n not in self._drift]
-        self.say(f"bounding {len(names)} slice(s) on {executor.workers} worker(s)")
+        keys = [(n, r) for n in names for r in self.chunks(n) if (n, *r) not in self._drift]
+        self.say(f"bounding {len(keys)} chunk(s) of {len(names)} slice(s) on "
+                 f"{executor.workers} worker(s)")
 
         def done(i: int, res: Any) -> None:
-            self.say(f"bounded slice {names[i]!r}: certified max drift "
+            n, r = keys[i]
+            self.say(f"bounded slice {n!r} inputs [{r[0]}, {r[1]}): certified max drift "
                      f"{float(np.max(res.linf)):.4g}")
 
         results = executor.map_drift(self.graph, self.model_path, self.train, self.inf,
-                                     [self.drift_item(n) for n in names], done)
-        self._drift.update(zip(names, results, strict=True))
+                                     [self.drift_item(n, r) for n, r in keys], done)
+        self._drift.update({(n, *r): res for (n, r), res in zip(keys, results, strict=True)})
 
     def block_drifts(self, name: str) -> list[BlockDrift]:
         """Certified against observed drift per block on slice ``name`` (the report's plot)."""
@@ -166,11 +216,14 @@ class Session:
         )
 
         if name not in self._blocks:
-            res = self.drift(name)
+            certified: dict[str, float] = {}
+            for rows in self.chunks(name):  # the largest over the chunks, per block
+                for k, v in certified_block_drift(self.drift_chunk(name, rows).blocks).items():
+                    certified[k] = max(v, certified.get(k, v))
             blocks = blocks_of(self.graph)
             observed = observed_block_drift(self.graph, blocks, self.train, self.inf,
                                             self.feeds(name), device=self.options.device)
-            self._blocks[name] = block_drifts(certified_block_drift(res.blocks), observed,
+            self._blocks[name] = block_drifts(certified, observed,
                                               {b.name: b.kind for b in blocks})
         return self._blocks[name]
 
@@ -210,7 +263,9 @@ class PlanContext:
     premises (docs/rules.md): the certificate ``builder``, the ``query``, the slice's chain
     (``chain``: the state of the logits; ``refs``: its block certificates, in order), ``linf``
     (the L-inf drift of the logits, with ``keep``) and ``output`` (the logits' tensor).
-    ``prefix(k)`` and ``certify(k, in_state)`` build further nodes."""
+    ``prefix(k)`` and ``certify(k, in_state)`` build further nodes. ``rows``: the chunk of the
+    slice's inputs [i0, i1) the chain covers (None: the whole slice); a plan over a chunk must
+    conclude over those rows (carry ``rows``) for concat-rows to join it with the others."""
 
     session: Session
     builder: Any
@@ -219,6 +274,7 @@ class PlanContext:
     chain: dict[str, Any]
     linf: dict[str, Any]
     keep: int
+    rows: tuple[int, int] | None = None
 
     @property
     def output(self) -> str:
@@ -227,7 +283,10 @@ class PlanContext:
     @property
     def records(self) -> list[Any]:
         """The bound engine's block records on the query's slice (BlockRecord), in chain order."""
-        return list(self.session.drift(self.query.slice).blocks)
+        s, sl = self.session, self.query.slice
+        if self.rows is None:
+            return list(s.drift(sl).blocks)
+        return list(s.drift_chunk(sl, self.rows).blocks)
 
     @property
     def blocks(self) -> list[Any]:
@@ -242,10 +301,8 @@ class PlanContext:
         """A sequential node over the first ``k`` blocks of the chain, from the slice's inputs:
         the state of every tensor they produce (outputs: the k-th block's outputs)."""
         sl = self.query.slice
-        inputs = {n: _input_box(np.asarray(v, dtype=np.float64), self.session.contract.slices[sl])
-                  for n, v in self.session.feeds(sl).items()}
         outs = sorted(self.records[k - 1].out_state)
-        return self.builder.sequential(self.refs[:k], inputs=inputs, outputs=outs, slice=sl)
+        return _chain(self.session, self.builder, sl, self.rows, self.refs[:k], outs)
 
     def certify(self, k: int, in_state: dict[str, Any]) -> dict[str, Any]:
         """A block leaf: block ``k`` of the chain bounded by the engine from ``in_state`` (a
@@ -261,6 +318,47 @@ class PlanContext:
         n = sum(1 for r in self.builder.blocks if r.startswith(f"{self.query.slice}/plan"))
         ref = self.builder.add_block(rec, ref=f"{self.query.slice}/plan{n}:{block.name}")
         return self.builder.block(ref)
+
+
+def _plans(s: Session, b: Any, q: NumericalQuery, chunks: list[tuple[int, int]], keep: int
+           ) -> list[PlanContext]:
+    """One PlanContext per chunk of the query's slice: its blocks stored in the certificate
+    (once per session), its chain (sequential, with rows unless the chunk is the whole slice)
+    and the L-inf drift of the logits over it."""
+    key = (q.slice, tuple(chunks))
+    if key not in s.block_refs:
+        whole = len(chunks) == 1
+        built = []
+        for rows in chunks:
+            res = s.drift_chunk(q.slice, rows)
+            tag = q.slice if whole else f"{q.slice}/r{rows[0]}-{rows[1]}"
+            refs = [b.add_block(r, ref=f"{tag}/{i}:{r.name}") for i, r in enumerate(res.blocks)]
+            chain = _chain(s, b, q.slice, None if whole else rows, refs, [s.output])
+            built.append((rows, refs, chain))
+        s.block_refs[key] = built
+    out = []
+    for rows, refs, chain in s.block_refs[key]:
+        linf = b.apply("linf-from-state", [chain], tensor=s.output, keep=keep)
+        out.append(PlanContext(s, b, q, refs, chain, linf, keep,
+                               None if len(chunks) == 1 else rows))
+    return out
+
+
+def _chain(s: Session, b: Any, sl: str, rows: tuple[int, int] | None, refs: list[str],
+           outputs: list[str]) -> dict[str, Any]:
+    """A sequential node over blocks ``refs`` from the inputs of slice ``sl`` (of its rows
+    [i0, i1) only, params.rows, when ``rows`` is given: a chunk's chain)."""
+    from kcverify.certs.records import encode_state
+
+    feeds = s.feeds(sl)
+    if rows is not None:
+        feeds = {k: v[rows[0]:rows[1]] for k, v in feeds.items()}
+    inputs = {k: _input_box(np.asarray(v, dtype=np.float64), s.contract.slices[sl])
+              for k, v in feeds.items()}
+    if rows is None:
+        return b.sequential(refs, inputs=inputs, outputs=outputs, slice=sl)
+    return b.apply("sequential", [b.block(r) for r in refs], inputs=encode_state(inputs),
+                   outputs=list(outputs), slice=sl, rows=list(rows))
 
 
 def derivations(quantity: str) -> list[tuple[str, str]]:
@@ -310,7 +408,10 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
     from kcverify.certs.encoding import unfx
     from kcverify.certs.rules import RuleError
     from kcverify.dsl.quantities import get_quantity, proof_statistic, query_text
+    from kcverify.regions.plan import is_vnnlib_slice, prove_region_query
 
+    if is_vnnlib_slice(s.contract.slices[q.slice]):  # a VNN-LIB box: input splitting
+        return prove_region_query(s, b, q)
     entry = get_quantity(q.quantity)
     rules = derivations(q.quantity)
     if not rules:
@@ -320,26 +421,25 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
         # sound bounds, but the checker cannot re-check a region entering inside a block yet:
         # no certificate claim, decided on evidence instead
         return None, None, f"{region.space}-space regions are not certified yet"
-    res = s.drift(q.slice)
-    if q.slice not in s.block_refs:
-        refs = [b.add_block(r, ref=f"{q.slice}/{i}:{r.name}") for i, r in enumerate(res.blocks)]
-        inputs = {k: _input_box(np.asarray(v, dtype=np.float64), s.contract.slices[q.slice])
-                  for k, v in s.feeds(q.slice).items()}
-        chain = b.sequential(refs, inputs=inputs, outputs=[s.output], slice=q.slice)
-        s.block_refs[q.slice] = (refs, chain)
-    refs, chain = s.block_refs[q.slice]
     keep = 2 if q.per_position else 1
-    linf = b.apply("linf-from-state", [chain], tensor=s.output, keep=keep)
     if getattr(b.ctx, "kernel_specs", "absent") is None:  # rules may read the specs (checker too)
         b.ctx.kernel_specs = dict(s.contract.kernels)
-    plan = PlanContext(s, b, q, refs, chain, linf, keep)
+    plans = _plans(s, b, q, s.chunks(q.slice), keep)
     stat = proof_statistic(q, keep)
     tried: list[tuple[float, str, dict[str, Any]]] = []
     skipped: list[str] = []
     for rule, premises in rules:
         try:
-            node = linf if rule == "linf-from-state" else _derive(
-                b, rule, premises, q, chain, linf, s.output, keep, plan)
+            nodes = [p.linf if rule == "linf-from-state" else _derive(
+                b, rule, premises, q, p.chain, p.linf, s.output, keep, p) for p in plans]
+            if len(nodes) > 1 and any("rows" not in n["conclusion"] for n in nodes):
+                # a rule that does not carry its chunk's rows (a researcher's rule written for
+                # whole slices): apply it to one chain over the whole slice instead
+                (whole,) = _plans(s, b, q, [(0, s.slice(q.slice).n)], keep)
+                nodes = [whole.linf if rule == "linf-from-state" else _derive(
+                    b, rule, premises, q, whole.chain, whole.linf, s.output, keep, whole)]
+            node = nodes[0] if len(nodes) == 1 else b.apply(
+                "concat-rows", nodes, n=s.slice(q.slice).n)
             got = node["conclusion"].get("quantity")
             if got != entry.conclusion or node["conclusion"].get("direction") != entry.direction:
                 raise RuleError(f"{rule} derives {q.quantity} but concludes {got!r} "

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from kcverify.bounds.box import Box, Concrete, mag, pad_hi, pad_lo
+from kcverify.bounds.box import Box, Concrete, mag, mig, pad_hi, pad_lo
 from kcverify.bounds.registry import RuleCtx
 from kcverify.kernels.spec import KernelSpec
 
@@ -871,6 +871,56 @@ def _scaled(s_lo: torch.Tensor, s_hi: torch.Tensor, q1: torch.Tensor, q2: torch.
     return centre, coef, pad_hi(noise) + TINY
 
 
+def _scale_branches(ctx: RuleCtx, spec: KernelSpec, cs: Any, f: Form, lo: torch.Tensor,
+                    hi: torch.Tensor, brow: torch.Tensor, side: str, sample_axis: Any,
+                    deq: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A dynamic per-tensor scale is amax / max_finite over the whole operand: once the amax
+    element depends on a binary symbol b upstream (a straddled rounding in its row), the scale
+    is uncertain for *every* element, and each element near a midpoint would become a fresh,
+    independent binary symbol. But b is exactly +1 or -1: evaluate the operand's bounds, the
+    scale and every element's cast on each branch; where every element's cast is a single value
+    on both branches, the cast is the affine function mid + b * half-difference of that same
+    symbol (exact), plus the scale's own interval and the dequantisation rounding as noise.
+    Returns (centre, noise (inf where not exact), G) or None (one scale group only)."""
+    if cs.scale != "dynamic_per_tensor":
+        return None
+    cand = mag(lo, hi) >= mig(lo, hi).max()  # elements that may hold the amax
+    gb = f.G[brow].abs()
+    score = (gb * cand.unsqueeze(0)).reshape(gb.shape[0], -1).amax(1)
+    jj = int(score.argmax())
+    if not float(score[jj]) > 0:
+        return None
+    g_j = f.G[brow[jj]]
+    w_j = pad_hi((f.gsum() - g_j.abs()).clamp_min(0.0) + f.r) + TINY
+    branch = []
+    for sign in (1.0, -1.0):
+        x_lo = torch.maximum(pad_lo(f.c + sign * g_j - w_j), lo)
+        x_hi = torch.minimum(pad_hi(f.c + sign * g_j + w_j), hi)
+        if bool((x_lo > x_hi).any()):
+            return None  # the box rules this branch out somewhere: keep the other options
+        plan = _cast_plan(ctx, spec, cs, x_lo, x_hi, side, sample_axis)
+        if plan is None:
+            return None
+        s_lo, s_hi, q_of = plan
+        if s_lo.numel() != 1:
+            return None
+        q_lo, q_hi = q_of(x_lo, x_hi)
+        v_lo, v_hi = torch.minimum(s_lo * q_lo, s_hi * q_lo), torch.maximum(s_lo * q_lo, s_hi * q_lo)
+        branch.append((q_lo == q_hi, pad_lo(v_lo), pad_hi(v_hi), s_hi * q_lo.abs()))
+    (ok_p, lo_p, hi_p, m_p), (ok_m, lo_m, hi_m, m_m) = branch
+    mid_p, mid_m = 0.5 * lo_p + 0.5 * hi_p, 0.5 * lo_m + 0.5 * hi_m
+    hw = torch.maximum(torch.maximum(hi_p - mid_p, mid_p - lo_p), torch.maximum(hi_m - mid_m, mid_m - lo_m))
+    centre = 0.5 * mid_p + 0.5 * mid_m
+    coef = 0.5 * mid_p - 0.5 * mid_m
+    noise = (pad_hi(hw.clamp_min(0.0)) + (2 * deq + 1e-15) * torch.maximum(m_p, m_m)
+             + 4 * U64 * (centre.abs() + coef.abs()))
+    noise = pad_hi(noise) + TINY
+    ok = ok_p & ok_m & torch.isfinite(centre) & torch.isfinite(coef)
+    G = torch.zeros_like(f.G)
+    G[brow[jj]] = torch.where(ok, coef, torch.zeros_like(coef))
+    return centre, torch.where(ok, noise, torch.full_like(noise, float("inf"))), G
+
+
 def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Box | None,
                   k: int, weight: bool, side: str, out_axis: int, k_axis: int,
                   sample_axis: Any = None
@@ -909,8 +959,9 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
     i_mid = 0.5 * c_lo + 0.5 * c_hi
     i_hw = pad_hi(torch.maximum(c_hi - i_mid, i_mid - c_lo))
     inf = torch.full_like(lo, float("inf"))
-    # options: 0 = x + e, 1 = image box, 2 = point / binary image, 3 = branches of a binary symbol
-    noise = [e_hw, i_hw, inf, inf]
+    # options: 0 = x + e, 1 = image box, 2 = point / binary image, 3 = branches of a binary
+    # symbol, 4 = branches of the binary symbol the scale's amax depends on (_scale_branches)
+    noise = [e_hw, i_hw, inf, inf, inf]
     cs = spec.weights if weight else spec.activations
     plan = (_cast_plan(ctx, spec, cs, lo, hi, side, sample_axis)
             if cs is not None and not weight else None)
@@ -938,6 +989,10 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
             noise[3] = torch.where(ok3, n3, inf)
             G_branch = torch.zeros_like(f.G)
             G_branch.scatter_(0, brow[j], g3.unsqueeze(0))
+            sb = _scale_branches(ctx, spec, cs, f, lo, hi, brow, side, sample_axis, deq)
+            if sb is not None:
+                c4, n4, G_scale = sb
+                noise[4] = n4
     best = torch.stack(noise).argmin(0)
     c = torch.where(best == 0, f.c + e_mid, i_mid)
     r = torch.where(best == 0, pad_hi(f.r + e_hw + 2 * U64 * (f.c.abs() + e_mid.abs())) + TINY, i_hw)
@@ -949,6 +1004,10 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
             c = torch.where(best == 3, c3, c)
             r = torch.where(best == 3, n3, r)
             G = torch.where(best == 3, G_branch, G)
+            if torch.isfinite(noise[4]).any():
+                c = torch.where(best == 4, c4, c)
+                r = torch.where(best == 4, noise[4], r)
+                G = torch.where(best == 4, G_scale, G)
     out = f.like(c, G, r)
     if plan is not None:
         new = (best == 2) & adj

@@ -26,6 +26,8 @@ INF = parse_kernel_spec("inf", {"weights": {"format": "fp8_e4m3", "scale": "per_
                                 "activations": {"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
                                 "accumulate": "fp32", "compute": "fp32"})
 E4M3 = ml_dtypes.float8_e4m3fn
+_CODES = np.arange(256, dtype=np.uint8).view(E4M3).astype(np.float64)
+GRID = np.unique(_CODES[np.isfinite(_CODES)])  # every e4m3 value, ascending
 
 
 def _model(w: np.ndarray):
@@ -127,3 +129,67 @@ def test_cancellation_row_pays_for_its_fine_terms() -> None:
     assert float(np.float32(np.float32(200704.0) + np.float32(2.0 ** -9))) == 200704.0
     for y in (exact, lost):
         assert box.inf_lo[0, 0] <= y <= box.inf_hi[0, 0], (box.inf_lo, y, box.inf_hi)
+
+
+def _two_matmuls(w1: np.ndarray, w2: np.ndarray):
+    k, m = w1.shape
+    _, n = w2.shape
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("MatMul", ["h", "W2"], ["y"])],
+        "mm2", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [numpy_helper.from_array(w1.astype(np.float32), "W1"),
+         numpy_helper.from_array(w2.astype(np.float32), "W2")])
+    return from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def _cast_row(v: np.ndarray, tie_up: bool | None = None) -> tuple[np.ndarray, float]:
+    """Dynamic per-tensor e4m3 cast of one row: (q, s); ``tie_up`` resolves an exact tie."""
+    s = _f32(max(float(np.abs(v).max()), 1e-12) / 448.0)
+    t = v / s
+    q = t.astype(E4M3).astype(np.float64)
+    if tie_up is not None:
+        for i, ti in enumerate(t):
+            j = int(np.searchsorted(GRID, ti))
+            if 0 < j < len(GRID) and ti == 0.5 * (GRID[j - 1] + GRID[j]):
+                q[i] = GRID[j] if tie_up else GRID[j - 1]  # a conforming quotient goes either way
+    return q, s
+
+
+def _program(x: np.ndarray, w1: np.ndarray, w2: np.ndarray, tie_up: bool) -> np.ndarray:
+    """x -> cast -> @ W1 (fp32 sums, one rounding of the scaled sum) -> cast -> @ W2."""
+    def mm(v: np.ndarray, w: np.ndarray, tie: bool | None) -> np.ndarray:
+        q, s = _cast_row(v, tie)
+        out = []
+        for j in range(w.shape[1]):
+            sw = _f32(max(float(np.abs(w[:, j]).max()), 1e-12) / 448.0)
+            qw = (w[:, j] / sw).astype(E4M3).astype(np.float64)
+            acc = np.float32(0.0)
+            for t in q * qw:
+                acc = np.float32(acc + np.float32(t))
+            out.append(_f32(float(np.float64(s) * sw) * float(acc)))
+        return np.array(out)
+    return mm(mm(x, w1, tie_up), w2, None)
+
+
+def test_a_tie_that_moves_the_next_scale_is_covered_on_both_branches() -> None:
+    """A cast on an exact rounding midpoint (8.5 between 8 and 9 at scale 1) is a binary choice;
+    here it also decides the amax of the next MatMul's input, so the next per-tensor scale, and
+    with it every element's rounding, depends on it (zonotope: _scale_branches). Programs taking
+    either branch are inside the certified sets of both domains."""
+    m, n = 4, 3
+    x = np.array([[448.0, 8.5, 3.0, -5.0]])
+    w1 = np.array([[0.01, 0.02, -0.03, 0.01],
+                   [1.00, 0.10, 0.20, -0.30],   # column 0 carries the tie: the amax of h
+                   [0.05, 0.30, 0.10, 0.20],
+                   [0.02, -0.10, 0.40, 0.10]])
+    w2 = np.random.default_rng(3).normal(size=(m, n))
+    g = _two_matmuls(w1, w2)
+    ys = [_program(x[0].astype(np.float32).astype(np.float64), w1.astype(np.float32).astype(np.float64),
+                   w2.astype(np.float32).astype(np.float64), up) for up in (False, True)]
+    assert not np.array_equal(ys[0], ys[1])  # the two branches really differ
+    for domain in ("interval", "linear"):
+        res = certify_drift(g, FP32, INF, {"x": x.astype(np.float32)}, domain=domain)
+        box = res.outputs["y"]
+        for y in ys:
+            assert np.all(box.inf_lo[0] <= y) and np.all(y <= box.inf_hi[0]), (domain, box.inf_lo, y, box.inf_hi)

@@ -42,11 +42,15 @@ class _Safe(Realization):
 def program_pairs(train: KernelSpec, inf: KernelSpec, n: int, seed: int = 0
                   ) -> list[tuple[Realization, Realization]]:
     """Adversarial pairs first (train rounds down while inf rounds up, and vice versa; fast
-    orders), then random conforming pairs."""
+    orders), then per-element sorted orders with directed roundings, then random conforming
+    pairs (``n`` in all; n >= 5 includes the sorted pairs)."""
     pairs = [
         (_Safe(train, seed, "pairwise", None, "down"), _Safe(inf, seed, "pairwise", None, "up")),
         (_Safe(train, seed, "pairwise", None, "up"), _Safe(inf, seed, "pairwise", None, "down")),
         (_Safe(train, seed, "chunked", 16, "nearest"), _Safe(inf, seed, "chunked", 16, "nearest")),
+        # adversarial per-element orders (kernels/realize.py's sorted) with directed roundings
+        (_Safe(train, seed, "sorted", None, "down"), _Safe(inf, seed, "sorted", None, "up")),
+        (_Safe(train, seed, "sorted", None, "up"), _Safe(inf, seed, "sorted", None, "down")),
     ]
     rng = random.Random(seed)
     while len(pairs) < n:

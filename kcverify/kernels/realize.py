@@ -12,7 +12,11 @@ transformations, so every rounding below is a single correct rounding):
   the accumulator format, every addition rounded to nearest-even, in the realization's order:
   ``sequential``, ``reverse``, ``pairwise`` (balanced tree), ``chunked`` (split-K: chunks of
   ``chunk`` terms summed left to right, partial sums then left to right) or ``random`` (a seeded
-  permutation, a random chunk size, partial sums sequential or pairwise). Each product passes
+  permutation, a random chunk size, partial sums sequential or pairwise) or ``sorted`` (an
+  adversarial order chosen per output element, as the spec allows any order per accumulation:
+  the terms of the sign of their sum first, then the others, each run by descending magnitude,
+  added left to right: the partial sum reaches its largest magnitude first, so every later term
+  is rounded against it and small terms are absorbed). Each product passes
   through at most n roundings, so |acc - sum| <= gamma_n * sum |a_i b_i|. (When every term is
   already a value of an fp32 / bf16 / fp16 accumulator, torch's own additions in that dtype do
   the same correctly rounded sums faster; the tests check the two paths agree bit for bit.)
@@ -74,7 +78,7 @@ from kcverify.kernels.scale import activation_scale, weight_scale
 from kcverify.kernels.spec import CastSpec, KernelSpec
 from kcverify.models.ir import Graph, Node
 
-ORDERS = ("sequential", "reverse", "pairwise", "chunked", "random")
+ORDERS = ("sequential", "reverse", "pairwise", "chunked", "random", "sorted")
 ROUNDINGS = ("nearest", "up", "down", "random")
 EXPLICIT_CAST_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 _F64 = torch.float64
@@ -362,6 +366,8 @@ class Realization:
             out = _pairwise(t, ad)
         elif self.order == "chunked":
             out = _chunked(t, ad, self.chunk or 32, "sequential")
+        elif self.order == "sorted":
+            out = _sequential(_sorted_terms(t), ad)
         else:
             perm, chunk, across = self._plan(length, plans, gen)
             out = _chunked(t[..., perm.to(t.device)], ad, chunk, across)
@@ -414,6 +420,18 @@ def _segments(k: int, block_a: int | None, block_b: int | None) -> list[int]:
         if blk:
             cuts.update(range(0, k, blk))
     return sorted(cuts)
+
+
+def _sorted_terms(t: torch.Tensor) -> torch.Tensor:
+    """Per element (last axis): the terms of the sum's sign first, then the others, each run by
+    descending magnitude (a permutation of each row: exact)."""
+    mag = t.abs().to(_F64)
+    lead = torch.sign(t.to(_F64).sum(-1, keepdim=True))
+    lead = torch.where(lead == 0, torch.ones_like(lead), lead)
+    other = (torch.sign(t.to(_F64)) == -lead).to(_F64)
+    top = mag.amax(-1, keepdim=True)
+    key = mag / torch.where(top > 0, top, torch.ones_like(top)) + 2.0 * (1.0 - other)
+    return t.gather(-1, torch.argsort(key, dim=-1, descending=True, stable=True))
 
 
 def _sequential(t: torch.Tensor, ad: _Adder) -> torch.Tensor:

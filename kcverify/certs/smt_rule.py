@@ -72,6 +72,7 @@ class SmtBlock(Rule):
         kernels = params["kernels"]
         if not isinstance(kernels, dict) or set(kernels) != {"train", "inf"}:
             raise RuleError("smt-block: params.kernels needs 'train' and 'inf'")
+        _contract_kernels(kernels, ctx)  # a kernel that is not the contract's says so first
         try:
             train = spec_from_canonical("train", kernels["train"])
             inf = spec_from_canonical("inf", kernels["inf"])
@@ -102,6 +103,19 @@ class SmtBlock(Rule):
         if "slice" in params:  # the contract slice the input points come from
             out["slice"] = str(params["slice"])
         return out
+
+
+def _contract_kernels(kernels: dict[str, Any], ctx: RuleContext) -> None:
+    """The leaf's kernels, as canonical mappings, are the contract's (when the checker knows
+    them)."""
+    if ctx.kernel_specs is None:
+        return
+    for name in ("train", "inf"):
+        want = ctx.kernel_specs.get(name)
+        want = want.canonical() if hasattr(want, "canonical") else want
+        if want is None or kernels[name] != dict(want):
+            raise RuleError(f"smt-block: params.kernels.{name} is not the contract's kernel "
+                            f"{name!r}")
 
 
 def _bind_to_contract(graph: Any, train: Any, inf: Any, params: dict[str, Any], eps: float,

@@ -20,7 +20,17 @@ Pure Python (the DSL imports this). The semantics a spec fixes, for every progra
   accumulator that can overflow (fp16: 448^2 > 65504) makes the bound infinite, and the
   underflow of every rounding is an absolute eta_acc (times the scales) per term;
 * casts round to nearest-even unless ``rounding: any`` (then any neighbour of the exact value: an
-  error below one spacing, |Q(a) - a| <= 2u|a| + 2 eta s, against u|a| + eta s to nearest);
+  error below one spacing, |Q(a) - a| <= 2u|a| + 2 eta s, against u|a| + eta s to nearest; a
+  quotient just above max_finite - a dynamic scale fl32(amax / max_finite) rounded down - may
+  then become +-inf or NaN);
+* a graph's ``Cast`` to a float type rounds into that type as a cast does (onnxruntime's fp32
+  Cast(fp16) -> Cast(fp32) does), +-inf beyond its range, and stores the result in the compute
+  format; it is the identity only where the target holds every compute-format value;
+* overflow is IEEE's: any rounding, partial sum (of a row sum or a LayerNorm moment, in the
+  accumulator or stored in the compute format) or stored value that may exceed max_finite may be
+  +-inf, and inf - inf, 0 * inf, 0 / 0 or a fully -inf softmax row NaN: the bound there is
+  infinite, never a finite set that excludes them. Underflow likewise: an eps or a divisor may
+  be 0 in the compute format (BERT's eps = 1e-12 in fp16);
 * every sum over a tensor's elements - a standalone ReduceSum / ReduceMean, and the row sums
   inside normalising ops (Softmax's sum of exps, LayerNormalization's mean and variance) - is a
   reduction like a dot product's: its n terms are added in any order (any evaluation tree) in

@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "kcverify"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    commit += " (kcverify/ has uncommitted changes)" if dirty else ""
     t0 = time.perf_counter()
     led = run_campaign(args.scale, args.seed, tuple(args.parts.split(",")),
                        log=lambda s: print(s, file=sys.stderr, flush=True))

@@ -4,7 +4,7 @@ test_rules.py, the campaign and bench/adversarial.py).
 Input kinds: ``normal``; ``midpoint`` (fp8 rounding midpoints +- one fp32 ulp for the scale the
 spec's activation cast computes); ``saturate`` (the amax and just under it: q = 448, and a
 quotient the fp32 division may round up to it); ``tiny`` (fp32 subnormals); ``large`` (2e4:
-the fp16 range). ``covered_by_a_finding`` skips the combinations test_findings.py pins down.
+the fp16 range).
 """
 
 from __future__ import annotations
@@ -150,24 +150,8 @@ def feeds_for(case: RuleCase, kind: str, sp_name: str, rng: np.random.Generator,
     return feeds
 
 
-def covered_by_a_finding(case: RuleCase, sp_name: str, kind: str) -> bool:
-    """Combinations whose violation test_findings.py pins down (remove an entry with the fix):
-    overflow of fp16 / a static scale on 'large' inputs (test_overflow_in_the_compute_format,
-    test_static_scale_overflow_in_gemm), Exp overflowing both kernels to +inf (the drift
-    interval [-inf, -inf]), divisors underflowing to 0 in fp16 (test_underflow_to_zero_in_fp16),
-    a Cast to float16 (test_cast_to_float16_rounds)."""
-    compute = SPECS[sp_name].compute.name
-    if kind == "large" and (compute == "fp16" or sp_name == "fp8_static_block" or case.op == "Exp"):
-        return True
-    if kind == "tiny" and compute == "fp16" and case.op in ("Div", "Reciprocal", "Log"):
-        return True
-    return case.op == "Cast"
-
-
 def run_case(led: Ledger, case: RuleCase, sp_name: str, kind: str, domain: str, n_pairs: int,
              seed: int, region_eps: float | None = None, n_points: int = 3) -> list[str]:
-    if covered_by_a_finding(case, sp_name, kind):
-        return []
     sp = SPECS[sp_name]
     rng = np.random.default_rng(seed)
     feeds = feeds_for(case, kind, sp_name, rng)

@@ -229,3 +229,96 @@ def test_exactness_rows_hit_both_sides() -> None:
         exact[bits] = float(np.mean(err == 0))
     assert exact[24] == 1.0 and exact[26] < 1.0, exact
     assert FMT["fp32"].p == 24
+
+
+# --- the grid path, any operand formats ------------------------------------------------------
+_EMIN = {"fp8_e4m3": -9, "fp8_e5m2": -16, "bf16": -133, "fp16": -24}  # least subnormal exponent
+_EMAX = {"fp8_e4m3": 8, "fp8_e5m2": 15, "bf16": 127, "fp16": 15}
+_MANT = {"fp8_e4m3": 3, "fp8_e5m2": 2, "bf16": 7, "fp16": 10}
+
+# name: (spec, activation format, weight format (None: a second activation), pin values)
+GRID_SPECS = {
+    "e4m3xe4m3-acc-fp32": (spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+                                activations={"format": "fp8_e4m3", "scale": "dynamic_per_token"},
+                                accumulate="fp32", compute="fp32"), "fp8_e4m3", "fp8_e4m3"),
+    "e4m3xe4m3-acc-bf16": (spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+                                activations={"format": "fp8_e4m3", "scale": "dynamic_per_token"},
+                                accumulate="bf16", compute="bf16"), "fp8_e4m3", "fp8_e4m3"),
+    "e4m3xe4m3-acc-fp16": (spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+                                activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
+                                accumulate="fp16", compute="fp16"), "fp8_e4m3", "fp8_e4m3"),
+    "e5m2xe5m2-acc-fp32": (spec(weights={"format": "fp8_e5m2", "scale": "per_tensor"},
+                                activations={"format": "fp8_e5m2", "scale": "dynamic_per_tensor"},
+                                accumulate="fp32", compute="fp32"), "fp8_e5m2", "fp8_e5m2"),
+    "bf16xe4m3-acc-fp32": (spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+                                accumulate="fp32", compute="bf16"), "bf16", "fp8_e4m3"),
+    "fp16xe4m3-acc-fp32": (spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+                                accumulate="fp32", compute="fp16"), "fp16", "fp8_e4m3"),
+    "bf16xbf16-acc-fp32": (spec(accumulate="fp32", compute="bf16"), "bf16", None),
+}
+
+
+def grid_rows(rng: np.random.Generator, R: int, K: int, fa: str, fb: str, bits: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(a (R, K), b (K, R)) values of formats fa, fb: in row r / column r a *fine* product
+    (1 + 2^-ma)(1 + 2^-mb) 2^-(ka + kb) (grain 2^-(ma + mb + ka + kb), lowest bit set), a *big*
+    product, a power of two ``bits`` - 1 binades above that grain, and medium products between;
+    random signs, shuffled. Big + fine needs exactly ``bits`` significant bits."""
+    ma, mb = _MANT[fa], _MANT[fb]
+    top = _EMAX[fa] + _EMAX[fb] - 1
+    k = 0
+    while bits - 1 - (ma + mb + 2 * k) > top:
+        k += 1
+    big = bits - 1 - (ma + mb + 2 * k)
+    ea = min(_EMAX[fa] - 1, max(big - (_EMAX[fb] - 1), big // 2))
+    eb = big - ea
+    assert _EMIN[fa] <= ea <= _EMAX[fa] and _EMIN[fb] <= eb <= _EMAX[fb], (fa, fb, bits)
+    a = rnd(rng.uniform(0.5, 1.0, size=(R, K)) * 2.0 ** -k, fa)
+    b = rnd(rng.uniform(0.5, 1.0, size=(R, K)) * 2.0 ** -k, fb)
+    a[:, 0], b[:, 0] = 2.0**ea, 2.0**eb
+    a[:, 1] = (1 + 2.0**-ma) * 2.0**-k
+    b[:, 1] = (1 + 2.0**-mb) * 2.0**-k
+    a *= rng.choice([-1.0, 1.0], size=a.shape)
+    b *= rng.choice([-1.0, 1.0], size=b.shape)
+    for r in range(R):
+        perm = rng.permutation(K)
+        a[r], b[r] = a[r, perm], b[r, perm]
+    assert np.all(rnd(a, fa) == a) and np.all(rnd(b, fb) == b)
+    return a, b.T.copy()
+
+
+@pytest.mark.parametrize("offset", [-1, 0, 1, 2])
+@pytest.mark.parametrize("name", sorted(GRID_SPECS))
+def test_grid_path_rows_at_the_exactness_limit(name: str, offset: int) -> None:
+    """Rows whose products span p_acc + offset bits (p_acc: the accumulator's significand),
+    for every operand-format pair the MatMul grid path takes (fp8 x fp8 into fp32 / bf16 / fp16,
+    bf16 or fp16 activations x fp8 weights, bf16 x bf16); the casts' scales pinned to 1 (an
+    activation column of max_finite against a zero weight row, a weight row of max_finite
+    against a zero activation column) so that the cast values are the rows themselves."""
+    sp, fa, fb = GRID_SPECS[name]
+    p = FMT[sp.accumulate.name].p
+    rng = np.random.default_rng([p, offset + 2, len(name)])
+    R, K = 4, 8
+    a, b = grid_rows(rng, R, K, fa, fb or fa, p + offset)
+    x = np.zeros((R, K + 2))
+    w = np.zeros((K + 2, R))
+    x[:, :K], w[:K, :] = a, b
+    if sp.activations is not None:
+        x[:, K] = FMT[fa].max
+    if sp.weights is not None:
+        w[K + 1, :] = FMT[fb].max
+    led = Ledger()
+    found = []
+    if fb is None:  # a second activation: (R, K) @ (R, K, 1) per sample
+        model = node_model("MatMul", [("a", (R, 1, K + 2)), ("b", (R, K + 2, 1))])
+        feeds = {"a": x[:, None, :].astype(np.float32), "b": w.T[:, :, None].astype(np.float32)}
+    else:
+        model = node_model("MatMul", [("x", (R, K + 2)), ("w", w.astype(np.float32))])
+        feeds = {"x": x.astype(np.float32)}
+    progs = [(Program(TRAIN, order=o1), Program(sp, order=o2, per_sample="axis0"))
+             for o1, o2 in (("greedy_up", "greedy_down"), ("greedy_down", "greedy_up"),
+                            ("seq", "alt"), ("pairwise", "posneg"), ("chunk4", "rev"))]
+    for domain in ("interval", "best"):
+        found += attack(led, "accumulate/grid-path", model, TRAIN, sp, feeds, progs, domain=domain)
+    SESSION.merge(led)
+    assert not found, ratio_text(led["accumulate/grid-path"])

@@ -20,7 +20,7 @@ def test_campaign_no_violation() -> None:
     assert not bad, f"{len(bad)} violations; first: {bad[0]}"
 
 
-@pytest.mark.slow
+@pytest.mark.campaign
 def test_campaign_smoke() -> None:
     """The campaign's machinery at a small scale (every part runs, pairs are counted)."""
     led = run_campaign(scale=0.004, seed=1, parts=("mlp", "rules"))
@@ -29,4 +29,4 @@ def test_campaign_smoke() -> None:
     bad = [v for st in led.classes.values() for v in st.violations]
     assert not bad, bad[0]
     errors = [e for st in led.classes.values() for e in st.errors]
-    assert all("fp8_static_block" in e for e in errors), errors[:2]
+    assert not any("InternalError" in e for e in errors), errors[:2]

@@ -1,6 +1,8 @@
 """Violations this suite found beyond issue 11's list, each a minimal reproducer: a conforming
-program (or a real runtime that must conform) outside the certified sets. Marked
-``xfail(strict=True)`` while open, so that the fix removes the mark.
+program (or a real runtime that must conform) outside the certified sets. 1-8 failed on the
+code they were found on (9e91055 .. cea57fd, marked xfail strict there) and pass since e3ce798 /
+019c83c, which fixed them at their causes: regression tests now. An open one carries
+``xfail(strict=True)`` until its fix lands.
 
 1. ``Cast`` to float16 / bfloat16 is bounded as the identity ("the kernel stores tensors in
    its compute format anyway"), but a runtime executing the graph rounds there: onnxruntime's
@@ -25,9 +27,11 @@ program (or a real runtime that must conform) outside the certified sets. Marked
 7. fp16 underflow to 0: a divisor (1e-9) or LayerNorm's var + eps (BERT's eps = 1e-12 on a
    constant row): 0/0 or 0 * inf = NaN, certified finite.
 8. (minor) A fully masked softmax row: NaN in torch / onnxruntime, value interval [-eta, inf].
+9. Sigmoid below -36.7 in a bf16 kernel: the derivative enclosure s (1 - s) cancels to 0 in
+   float64, the drift is certified ~14x too small on a box (found by the campaign as an
+   InternalError at a point; open: xfail strict).
 
-Each test names the smallest input that shows it; the combinations are skipped in the generic
-rule sweep (rulecases.covered_by_a_finding) until the fix lands.
+Each test names the smallest input that shows it.
 """
 
 from __future__ import annotations
@@ -187,3 +191,32 @@ def test_fully_masked_softmax_row() -> None:
     found = attack(led, "finding/masked-row", model, TRAIN, TRAIN, {"x": x},
                    [(torch_sm, _ort(model))], domain="best")
     _ok(led, "finding/masked-row", found)
+
+
+@pytest.mark.xfail(strict=True, reason="NEW (adversary): Sigmoid's derivative is 0 below -36.7")
+def test_sigmoid_far_negative_in_bf16() -> None:
+    """Sigmoid's derivative enclosure is s (1 - s) with s = sigmoid(|x|): 1 - s is 0 in float64
+    for |x| > 36.7, so the mean-value drift of a bf16 kernel (whose input storage moves x by up
+    to 2^-8 |x|) is dropped. On an L-inf box around -40 the certified drift is ~14x too small
+    (silently); at a point the two enclosures disagree and the rule raises InternalError. SiLU
+    (x sigmoid(x)) in bf16 inherits it."""
+    from kcverify.bounds import Region, certify_drift
+    from tests.soundness.adversarial.attacks import box_points
+    from tests.soundness.adversarial.harness import graph_of
+    from tests.soundness.adversarial.interp import ProgramRunner
+
+    led = Ledger()
+    bf = spec(compute="bf16", accumulate="fp32")
+    model = node_model("Sigmoid", [("x", (1, 4))])
+    x = np.full((1, 4), -40.0, np.float32)
+    boxes = certify_drift(graph_of(model), TRAIN, bf, {"x": x},
+                          region=Region("input", "linf", 0.5), domain="best").outputs
+    run = ProgramRunner(model)
+    found = []
+    for pt in box_points(np.random.default_rng(0), x, 0.5, 6):
+        yt, yi = run(Program(TRAIN), {"x": pt}), run(Program(bf), {"x": pt})
+        found += led.check("finding/sigmoid", boxes["y0"], yt["y0"], yi["y0"], "sigmoid -40")
+    found += attack(led, "finding/sigmoid", model, TRAIN, bf,
+                    {"x": np.array([[-38.79393387, -45.2, -60.7, 35.0]], np.float32)},
+                    [(Program(TRAIN), Program(bf))], domain="best")
+    _ok(led, "finding/sigmoid", found)

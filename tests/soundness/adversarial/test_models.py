@@ -1,7 +1,9 @@
 """Whole models under attack: the shipped ones (models/*.onnx) and a torch-exported
 TransformerEncoderLayer + Linear head (TorchScript exporter in the fast run, dynamo in the slow
 one). Points of several adversarial kinds and L-inf regions, adversarial program pairs, domains
-interval / best (and linear for the MLP regions).
+interval / best (and linear for the MLP regions). Fast: a few pairs per model; slow: the MLP
+under the static / per-block / bf16-accumulator specs and the dynamo export; the sweeps over
+every spec run with ``-m campaign``.
 
 Specs: the MLPs take every scheme of attacks.SPECS; the transformers take weight-only fp8 and
 per-token fp8 activations (a per-tensor activation scale off axis 0 is test_known's issue-11
@@ -100,9 +102,22 @@ def test_mlp_region_fast() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sp_name", ["fp8_static_block", "fp8_dynblock", "bf16_acc_bf16"])
+def test_mlp_slow(sp_name: str) -> None:
+    led = Ledger()
+    found = []
+    for k, kind in enumerate(("normal", "midpoint", "saturate")):
+        found += mlp_attack(led, "mlp_small", sp_name, kind, 16, 4, seed=100 + k)
+    found += mlp_attack(led, "mlp_small", sp_name, "normal", 2, 3, seed=7, domain="linear",
+                        eps=0.05, n_points=3)
+    SESSION.merge(led)
+    assert not found, "\n".join(found[:3])
+
+
+@pytest.mark.campaign
 @pytest.mark.parametrize("sp_name", MLP_SPECS)
 @pytest.mark.parametrize("name", ["mlp_tiny", "mlp_small"])
-def test_mlp_slow(name: str, sp_name: str) -> None:
+def test_mlp_sweep(name: str, sp_name: str) -> None:
     led = Ledger()
     found = []
     for k, kind in enumerate(("normal", "midpoint", "saturate")):
@@ -149,9 +164,22 @@ def test_encoder_layer_legacy_fast() -> None:
 
 
 @pytest.mark.slow
+def test_encoder_layer_dynamo_slow() -> None:
+    """The dynamo export (~20 s to export) under per-token fp8, domain best."""
+    led = Ledger()
+    model = _encoder("dynamo")
+    x = np.random.default_rng(1).normal(size=(1, 8, 32)).astype(np.float32)
+    x[0, 2] *= 6
+    found = attack(led, "model/encoder_layer", model, TRAIN, TOKEN_FP8, {"x": x},
+                   pairs(TRAIN, TOKEN_FP8, 3, 1), domain="best")
+    SESSION.merge(led)
+    assert not found, "\n".join(found[:3])
+
+
+@pytest.mark.campaign
 @pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
 @pytest.mark.parametrize("sp_name", ["w8_bf16", "token_fp8"])
-def test_encoder_layer_slow(exporter: str, sp_name: str) -> None:
+def test_encoder_layer_sweep(exporter: str, sp_name: str) -> None:
     led = Ledger()
     model = _encoder(exporter)
     sp = W8_BF16 if sp_name == "w8_bf16" else TOKEN_FP8
@@ -166,10 +194,10 @@ def test_encoder_layer_slow(exporter: str, sp_name: str) -> None:
     assert not found, "\n".join(found[:3])
 
 
-@pytest.mark.slow
+@pytest.mark.campaign
 @pytest.mark.parametrize("name", ["tiny_encoder", "tiny_decoder"])
 @pytest.mark.parametrize("sp_name", ["w8_bf16", "token_fp8"])
-def test_token_models_slow(name: str, sp_name: str) -> None:
+def test_token_models_sweep(name: str, sp_name: str) -> None:
     led = Ledger()
     sp = W8_BF16 if sp_name == "w8_bf16" else TOKEN_FP8
     found = attack(led, f"model/{name}", shipped(name), TRAIN, sp,

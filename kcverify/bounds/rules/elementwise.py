@@ -118,10 +118,15 @@ def _exp_d(lo, hi):
     return torch.exp(lo), torch.exp(hi)
 
 
+_D_PAD = 64 * 2.0**-53  # libm's few-ulp cosh / sigmoid and the products, with margin
+
+
 def _tanh_d(lo, hi):
+    """tanh' = 1 / cosh^2 over [lo, hi] (not 1 - tanh^2: it cancels to 0 beyond |x| ~ 19 and
+    the upper end would be below the true derivative)."""
     m = mig(lo, hi)
     big = mag(lo, hi)
-    return 1 - torch.tanh(big) ** 2, 1 - torch.tanh(m) ** 2
+    return pad_lo(torch.cosh(big) ** -2, _D_PAD), pad_hi(torch.cosh(m) ** -2, _D_PAD)
 
 
 def _erf_d(lo, hi):
@@ -130,9 +135,11 @@ def _erf_d(lo, hi):
 
 
 def _sig_d(lo, hi):
-    s_big = torch.sigmoid(mag(lo, hi))
-    s_small = torch.sigmoid(mig(lo, hi))
-    return s_big * (1 - s_big), s_small * (1 - s_small)
+    """sigmoid' = s(x) s(-x) over [lo, hi] (not s (1 - s): 1 - s cancels to 0 beyond x ~ 36.7 and
+    the upper end would be below the true derivative)."""
+    big, small = mag(lo, hi), mig(lo, hi)
+    return (pad_lo(torch.sigmoid(big) * torch.sigmoid(-big), _D_PAD),
+            pad_hi(torch.sigmoid(small) * torch.sigmoid(-small), _D_PAD))
 
 
 def _sqrt_f(lo, hi):

@@ -57,8 +57,10 @@ class ProveOptions:
     executor: Any = None
     # inputs per chunk of a slice, each chunk bounded and chained on its own (sequential with
     # rows), the chunks' per-input conclusions joined by concat-rows. None: 1 when the domain
-    # is relational (linear, zonotope; best on slices of more than ZONO_BEST_ROWS inputs, so
-    # best carries the zonotope), else the whole slice; 0: the whole slice
+    # is relational (linear, zonotope), else the whole slice (best: the intervals on a slice of
+    # more than ZONO_BEST_ROWS inputs, the zonotope beside them on smaller ones: per-input
+    # zonotope runs cost minutes each on transformers and are worth it only where they prove
+    # more; ask for them with chunk_rows=1); 0: the whole slice
     chunk_rows: int | None = None
 
 
@@ -119,15 +121,11 @@ class Session:
 
     def chunks(self, name: str) -> list[tuple[int, int]]:
         """The chunks [(i0, i1)] slice ``name`` is bounded in (ProveOptions.chunk_rows)."""
-        from kcverify.bounds.engine import ZONO_BEST_ROWS
-
         n = self.slice(name).n
         size = self.options.chunk_rows
         if size is None:
             domain = self.options.domain
-            relational = domain in ("linear", "zonotope") or (domain == "best"
-                                                              and n > ZONO_BEST_ROWS)
-            size = 1 if relational else 0
+            size = 1 if domain in ("linear", "zonotope") else 0
         if size < 0:
             raise KcverifyError(f"chunk_rows must be >= 0, not {size}")
         if size == 0 or size >= n:
@@ -516,6 +514,12 @@ def _try_smt(s: Session, b: Any, q: NumericalQuery) -> dict[str, Any] | None:
         return None
 
 
+def _region_slice(s: Session, name: str) -> bool:
+    from kcverify.regions.plan import is_vnnlib_slice
+
+    return is_vnnlib_slice(s.contract.slices.get(name))
+
+
 def _certifiable(s: Session, b: Any, clause: Clause) -> _Decision:
     """Prove every query of the clause; else search conforming programs for a replayed
     violation (refuted); else fall back to evidence (the formal verdict stays unknown)."""
@@ -530,7 +534,8 @@ def _certifiable(s: Session, b: Any, clause: Clause) -> _Decision:
         return _Decision(r, dict(verdict="unknown", method="none"))
     attempts = [_try_prove(s, b, clause, q) for q in queries]
     slices = list(dict.fromkeys(q.slice for q in queries))
-    blocks = [row for name in slices for row in s.block_drifts(name)] if slices else []
+    blocks = [row for name in slices if not _region_slice(s, name)  # (points only: no box)
+              for row in s.block_drifts(name)] if slices else []
     bounds = [bd for _, bd, _ in attempts if bd is not None]
     bound = (max(bounds) if queries[0].upper else min(bounds)) if len(bounds) == len(queries) else None
     common = dict(id=clause.id, family=clause.family, level=clause.level, action=clause.action,

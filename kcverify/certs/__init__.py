@@ -20,3 +20,4 @@ __all__ = ["RULES", "CertificateBuilder", "Rule", "RuleContext", "RuleError", "g
            "write_certificate"]
 
 import kcverify.certs.smt_rule  # noqa: E402,F401  (registers "smt-block"; z3 loads only when used)
+import kcverify.certs.split_rule  # noqa: E402,F401  (registers "split-cover"; torch when used)

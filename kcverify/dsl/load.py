@@ -36,7 +36,7 @@ TOP_KEYS = ("contract", "version", "description", "model", "kernels", "slices", 
             "escalation", "temperature")
 CLAUSE_KEYS = ("id", "family", "description", "assert", "metric", "slices", "threshold",
                "budget", "hard", "level", "action", "temperature")
-SLICE_KEYS = ("inputs", "where", "region", "traces")
+SLICE_KEYS = ("inputs", "where", "region", "traces", "vnnlib")
 REGION_KEYS = ("space", "norm", "eps")
 MODEL_KEYS = ("onnx", "sha256")
 KERNELS = ("train", "inf")
@@ -208,6 +208,8 @@ class _Loader:
                 spec = {"inputs": spec}
             spec = self.mapping(spec, p, f"slice {name!r}")
             self.keys(spec, p, SLICE_KEYS, f"slice {name!r}")
+            if "vnnlib" in spec:  # a VNN-LIB property's input box (kcverify.regions)
+                spec = self.vnnlib_slice(spec, p, str(name))
             traces = (self.string(spec["traces"], (*p, "traces"), "traces")
                       if "traces" in spec else None)  # kcverify.enforce: a JSONL trace file
             inputs = "" if traces is not None and "inputs" not in spec else self.string(
@@ -223,6 +225,19 @@ class _Loader:
             out[str(name)] = Slice(str(name), inputs, where, region, traces, line=line,
                                    column=col)
         return out
+
+    def vnnlib_slice(self, spec: Mapping[str, Any], p: Path_, name: str) -> dict[str, Any]:
+        """{vnnlib: FILE}: the slice is the property's input box (read when proving, not here);
+        the file is its data (digested in certificates)."""
+        for key in spec:
+            if key != "vnnlib":
+                raise self.fail(f"slice {name!r}: a vnnlib slice is the property's input box; "
+                                f"{key!r} does not apply to it", (*p, key), "key")
+        path = self.string(spec["vnnlib"], (*p, "vnnlib"), "vnnlib")
+        if not (path.lower().endswith(".vnnlib") or path.lower().endswith(".vnnlib.gz")):
+            raise self.fail(f"vnnlib must name a .vnnlib (or .vnnlib.gz) file, got {path!r}",
+                            (*p, "vnnlib"))
+        return {"inputs": path}
 
     def region(self, raw: Any, path: Path_) -> Region:
         raw = self.mapping(raw, path, "region")

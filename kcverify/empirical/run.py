@@ -76,7 +76,8 @@ class EmpiricalRun:
         return self._slices[name]
 
     def feeds(self, name: str) -> dict[str, np.ndarray]:
-        return self.slice(name).feeds([v.name for v in self.graph.inputs])
+        return self.slice(name).feeds([v.name for v in self.graph.inputs],
+                                      {v.name: v.shape for v in self.graph.inputs})
 
     def tokens(self, name: str) -> np.ndarray | None:
         """The observed tokens of a slice (for next-token quantities), if it has token ids."""

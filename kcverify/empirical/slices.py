@@ -9,6 +9,11 @@ Files (paths relative to the contract file):
 * ``.jsonl``: one JSON object per line; every key but ``label``/``labels``/``meta`` is an input
   (a number or nested list, equal shapes across lines); ``label`` is optional; scalar entries of
   ``meta`` become fields usable in ``where``.
+* ``.vnnlib`` (or ``.vnnlib.gz``): a VNN-LIB property; the slice *is* its input box (proofs
+  cover the whole box, kcverify.regions). As data it holds points of the box, flattened like
+  VNN-LIB's X_i: the hull's corners lo and hi first, then each case's centre, then seeded uniform
+  float32 points inside the cases (64 in all); ``feeds(names, shapes)`` reshapes them to the
+  model's input.
 
 Per-example fields for ``where``: ``len`` (the token count: the sum of ``attention_mask`` when
 present, else the given ``len`` array, else the size of axis 1 of the first input, 1 for a 1-D
@@ -46,6 +51,7 @@ class SliceData:
     inputs: dict[str, np.ndarray]
     labels: np.ndarray | None = None
     fields: dict[str, np.ndarray] = field(default_factory=dict)
+    flat: bool = False  # inputs are flattened (a VNN-LIB box's points): reshaped by feeds
 
     @property
     def n(self) -> int:
@@ -60,20 +66,36 @@ class SliceData:
             fields={k: v[idx] for k, v in self.fields.items()},
         )
 
-    def feeds(self, input_names: Sequence[str]) -> dict[str, np.ndarray]:
+    def feeds(self, input_names: Sequence[str],
+              shapes: Mapping[str, Sequence[Any] | None] | None = None) -> dict[str, np.ndarray]:
         """The arrays to feed a model with inputs ``input_names``.
 
         Names are matched exactly; a slice holding a single array feeds a model with a single
-        input whatever the names. InputFileError names what is missing otherwise.
+        input whatever the names. InputFileError names what is missing otherwise. A flat slice
+        (VNN-LIB) is reshaped to ``shapes[name]`` (the model input's shape; axis 0 the batch).
         """
         names = list(input_names)
         if all(k in self.inputs for k in names):
-            return {k: self.inputs[k] for k in names}
+            return {k: self._shaped(k, self.inputs[k], shapes) for k in names}
         if len(self.inputs) == 1 and len(names) == 1:
-            return {names[0]: next(iter(self.inputs.values()))}
+            return {names[0]: self._shaped(names[0], next(iter(self.inputs.values())), shapes)}
         missing = [k for k in names if k not in self.inputs]
         raise InputFileError(f"{self.source}: slice {self.name!r} has no array for model "
                              f"input(s) {', '.join(missing)}; it holds {', '.join(sorted(self.inputs))}")
+
+
+    def _shaped(self, name: str, a: np.ndarray,
+                shapes: Mapping[str, Sequence[Any] | None] | None) -> np.ndarray:
+        shape = (shapes or {}).get(name)
+        if not self.flat or not shape or not all(isinstance(d, int) and d > 0
+                                                 for d in shape[1:]):
+            return a
+        feat = tuple(int(d) for d in shape[1:])
+        if int(np.prod(feat)) != a.shape[1]:
+            raise InputFileError(f"{self.source}: slice {self.name!r} has {a.shape[1]} inputs "
+                                 f"X_i, the model input {name!r} has {int(np.prod(feat))} "
+                                 f"elements ({tuple(shape)})")
+        return a.reshape(len(a), *feat)
 
 
 def load_slice(spec: Any, base_dir: str | Path | None = None, where: Any = None,
@@ -101,6 +123,8 @@ def load_slice(spec: Any, base_dir: str | Path | None = None, where: Any = None,
 
 
 def _read(path: Path, name: str) -> SliceData:
+    if path.name.lower().endswith((".vnnlib", ".vnnlib.gz")):
+        return _read_vnnlib(path, name)
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise InputFileError(f"{path}: slice {name!r}: unsupported data file; expected one of "
@@ -153,6 +177,29 @@ def _read(path: Path, name: str) -> SliceData:
         fields["label"] = labels
     fields.update(meta)
     return SliceData(name, path, arrays, labels, fields)
+
+
+VNNLIB_POINTS = 64
+
+
+def _read_vnnlib(path: Path, name: str) -> SliceData:
+    """Points of a VNN-LIB property's input box (see the module doc)."""
+    from kcverify.dsl.vnnlib import load_vnnlib
+
+    prop = load_vnnlib(path)
+    lo, hi = (np.asarray(v, dtype=np.float64) for v in prop.box())
+    rows = [lo, hi] + [0.5 * np.asarray(c.lo) + 0.5 * np.asarray(c.hi) for c in prop.cases]
+    rng = np.random.default_rng(0)
+    k = 0
+    while len(rows) < VNNLIB_POINTS and k < 16 * VNNLIB_POINTS:
+        c = prop.cases[k % len(prop.cases)]
+        k += 1
+        x = np.clip(rng.uniform(c.lo, c.hi), c.lo, c.hi).astype(np.float32)
+        if c.contains(x.astype(np.float64).tolist()):
+            rows.append(x.astype(np.float64))
+    x = np.stack(rows[:VNNLIB_POINTS])
+    fields = {"index": np.arange(len(x)), "len": np.ones(len(x), dtype=np.int64)}
+    return SliceData(name, path, {path.stem: x}, None, fields, flat=True)
 
 
 def _read_jsonl(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

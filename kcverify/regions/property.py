@@ -15,8 +15,9 @@
   (kcverify.bounds.certify_drift on each part's box) for models that are not affine-ReLU chains.
 
 Split dimension: the input with the largest |coefficient| x width in the back-substituted bound
-that decides the part (the worst output, or the best atom of the hardest disjunct), every third
-level of the split the widest input relative to the original box (so no dimension starves).
+that decides the part (the worst output, or the best atom of the hardest disjunct): the
+gradient-times-width heuristic (measured on ACAS Xu: 431 parts against 2,565 when every third
+level splits the widest input instead, and against 8,041 for the forward forms' coefficients).
 """
 
 from __future__ import annotations
@@ -39,17 +40,13 @@ Falsifier = Callable[[np.ndarray, np.ndarray], Any]  # (lo, hi) of open parts ->
 
 def _choose(coef: np.ndarray | None, lo: np.ndarray, hi: np.ndarray, width0: np.ndarray
             ) -> np.ndarray:
-    """Split dimensions: gradient x width, every third level the widest (module doc)."""
+    """Split dimensions: the largest |coefficient| x width of the deciding bound's linear
+    function of x; the widest input (relative to the box) where that function is flat."""
     wide = widest(lo, hi, width0)
     if coef is None:
         return wide
-    w = hi - lo
-    grad = np.argmax(np.abs(coef) * w, axis=1)
-    with np.errstate(divide="ignore"):
-        ratio = np.where(width0 > 0, width0 / np.where(w > 0, w, np.inf), 1.0)
-    depth = np.rint(np.log2(np.where(ratio > 0, ratio, 1.0)).sum(axis=1)).astype(np.int64)
-    flat = np.abs(coef).max(axis=1) == 0
-    return np.where((depth % 3 == 2) | flat, wide, grad)
+    score = np.abs(coef) * (hi - lo)
+    return np.where(score.max(axis=1) > 0, np.argmax(score, axis=1), wide)
 
 
 @dataclass

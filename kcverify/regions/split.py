@@ -4,7 +4,8 @@
     out.verdict          # "proved" | "refuted" | "unknown"
     out.bound            # the best certified value over the whole box (max over the leaves)
     out.proved_fraction  # fraction of the box volume whose parts are proved
-    out.leaves           # the partition: proved parts (lo, hi, value), then the open ones
+    out.leaves           # the partition's parts (lo, hi, value, proved), in preorder of
+    out.tree             # the bisection tree (split dimension per node, -1 for a leaf)
 
 An *objective* bounds a batch of boxes at once (one tensor program, the batch axis of the
 bound domain; ``Objective.evaluate(lo, hi) -> PartEval``): per part whether the clause holds on
@@ -70,9 +71,49 @@ class SplitOutcome:
     counterexample: Any = None
     stopped: str = ""  # why the search ended without a proof
     notes: list[str] = field(default_factory=list)
+    tree: list[int] = field(default_factory=list)  # preorder: split dimension, or -1 (leaf)
 
     def proved_leaves(self) -> list[Leaf]:
         return [lf for lf in self.leaves if lf.proved]
+
+
+def bisect(lo: np.ndarray, hi: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cut points of parts (k, n) on dimensions d (k,): lo + (hi - lo) / 2 in float64, kept
+    in [lo, hi]; the children are [lo, mid] and [mid, hi] on d. The certificate checker
+    replays exactly this to rebuild a partition from its tree."""
+    idx = np.arange(len(d))
+    a, b = lo[idx, d], hi[idx, d]
+    return np.clip(a + 0.5 * (b - a), a, b), idx
+
+
+def leaves_of(lo: np.ndarray, hi: np.ndarray, tree: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The leaf boxes (preorder) of a bisection tree over [lo, hi] (see ``bisect``); ValueError
+    when the tree is malformed (a dimension out of range, missing or extra nodes)."""
+    lo = np.asarray(lo, dtype=np.float64)
+    hi = np.asarray(hi, dtype=np.float64)
+    out_lo, out_hi = [], []
+    stack = [(lo, hi)]
+    pos = 0
+    while stack:
+        if pos >= len(tree):
+            raise ValueError("the tree ends before every part is a leaf")
+        a, b = stack.pop()
+        d = tree[pos]
+        pos += 1
+        if not isinstance(d, int) or isinstance(d, bool) or d < -1 or d >= len(lo):
+            raise ValueError(f"tree entry {pos - 1}: {d!r} is neither -1 nor a dimension")
+        if d == -1:
+            out_lo.append(a)
+            out_hi.append(b)
+            continue
+        mid, _ = bisect(a[None], b[None], np.array([d]))
+        left_hi, right_lo = b.copy(), a.copy()
+        left_hi[d] = right_lo[d] = mid[0]
+        stack.append((right_lo, b))
+        stack.append((a, left_hi))
+    if pos != len(tree):
+        raise ValueError(f"the tree has {len(tree) - pos} entries after its last leaf")
+    return np.array(out_lo).reshape(-1, len(lo)), np.array(out_hi).reshape(-1, len(lo))
 
 
 def _volume(lo: np.ndarray, hi: np.ndarray, live: np.ndarray) -> np.ndarray:
@@ -103,6 +144,10 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
     vol0 = float(_volume(lo[None], hi[None], live)[0])
     # the stack of open parts with the certified value of their parent (inf at the root)
     st_lo, st_hi, st_val = [lo[None]], [hi[None]], [np.array([INF])]
+    st_id = [np.array([0])]
+    split_of: dict[int, tuple[int, int, int]] = {}  # node -> (dimension, left, right)
+    leaf_of: dict[int, Leaf] = {}
+    next_id = 1
     leaves: list[Leaf] = []
     proved_vol = 0.0
     bounded = rounds = 0
@@ -119,11 +164,12 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
         if bounded >= max_parts:
             stopped = "part budget"
             break
-        P_lo, P_hi, P_val = (np.concatenate(st_lo), np.concatenate(st_hi),
-                             np.concatenate(st_val))
+        P_lo, P_hi, P_val, P_id = (np.concatenate(st_lo), np.concatenate(st_hi),
+                                   np.concatenate(st_val), np.concatenate(st_id))
         take = min(batch, len(P_lo))
-        b_lo, b_hi = P_lo[-take:], P_hi[-take:]  # last in, first out: deepen where it is hard
-        st_lo, st_hi, st_val = [P_lo[:-take]], [P_hi[:-take]], [P_val[:-take]]
+        b_lo, b_hi, b_id = P_lo[-take:], P_hi[-take:], P_id[-take:]  # last in, first out
+        st_lo, st_hi, st_val, st_id = [P_lo[:-take]], [P_hi[:-take]], [P_val[:-take]], \
+            [P_id[:-take]]
         ev = objective.evaluate(b_lo, b_hi)
         bounded += take
         rounds += 1
@@ -133,13 +179,17 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
             st_lo.append(b_lo)
             st_hi.append(b_hi)
             st_val.append(np.full(take, INF))
+            st_id.append(b_id)
             break
-        val = np.minimum(np.asarray(ev.value, dtype=np.float64), P_val[-take:])
+        own = np.asarray(ev.value, dtype=np.float64)
+        val = np.minimum(own, P_val[-take:])
         ok = np.asarray(ev.proved, dtype=bool)
-        for k in np.flatnonzero(ok):
-            leaves.append(Leaf(b_lo[k].copy(), b_hi[k].copy(), float(val[k]), True))
+        for k in np.flatnonzero(ok):  # a proved part's value is its own (what a re-check gives)
+            leaf = Leaf(b_lo[k].copy(), b_hi[k].copy(), float(own[k]), True)
+            leaves.append(leaf)
+            leaf_of[int(b_id[k])] = leaf
         proved_vol += float(_volume(b_lo[ok], b_hi[ok], live).sum()) if ok.any() else 0.0
-        o_lo, o_hi, o_val = b_lo[~ok], b_hi[~ok], val[~ok]
+        o_lo, o_hi, o_val, o_id = b_lo[~ok], b_hi[~ok], val[~ok], b_id[~ok]
         if len(o_lo) == 0:
             continue
         d = np.asarray(ev.split_dim, dtype=np.int64)[~ok]
@@ -151,26 +201,49 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
         stuck = ~(w > 0) | (w <= min_width)
         if stuck.any():  # nothing left to cut (a point): these parts stay open
             for k in np.flatnonzero(stuck):
-                leaves.append(Leaf(o_lo[k].copy(), o_hi[k].copy(), float(o_val[k]), False))
-            o_lo, o_hi, o_val, d = o_lo[~stuck], o_hi[~stuck], o_val[~stuck], d[~stuck]
+                leaf = Leaf(o_lo[k].copy(), o_hi[k].copy(), float(o_val[k]), False)
+                leaves.append(leaf)
+                leaf_of[int(o_id[k])] = leaf
+            keep = ~stuck
+            o_lo, o_hi, o_val, o_id, d = o_lo[keep], o_hi[keep], o_val[keep], o_id[keep], d[keep]
             if not len(d):
                 continue
-        idx = np.arange(len(d))
-        mid = o_lo[idx, d] + 0.5 * (o_hi[idx, d] - o_lo[idx, d])
-        mid = np.clip(mid, o_lo[idx, d], o_hi[idx, d])
+        mid, idx = bisect(o_lo, o_hi, d)
         left_hi = o_hi.copy()
         left_hi[idx, d] = mid
         right_lo = o_lo.copy()
         right_lo[idx, d] = mid
+        left_id = np.arange(next_id, next_id + len(d))
+        right_id = left_id + len(d)
+        next_id += 2 * len(d)
+        for k in range(len(d)):
+            split_of[int(o_id[k])] = (int(d[k]), int(left_id[k]), int(right_id[k]))
         st_lo.append(np.concatenate([o_lo, right_lo]))
         st_hi.append(np.concatenate([left_hi, o_hi]))
         st_val.append(np.concatenate([o_val, o_val]))
+        st_id.append(np.concatenate([left_id, right_id]))
         if progress is not None and rounds % 20 == 0:
             progress(f"split: {bounded} parts bounded, {pending()} open, "
                      f"{proved_vol / vol0 if vol0 else 0:.1%} of the volume proved")
-    P_lo, P_hi, P_val = np.concatenate(st_lo), np.concatenate(st_hi), np.concatenate(st_val)
+    P_lo, P_hi, P_val, P_id = (np.concatenate(st_lo), np.concatenate(st_hi),
+                               np.concatenate(st_val), np.concatenate(st_id))
     for k in range(len(P_lo)):
-        leaves.append(Leaf(P_lo[k].copy(), P_hi[k].copy(), float(P_val[k]), False))
+        leaf = Leaf(P_lo[k].copy(), P_hi[k].copy(), float(P_val[k]), False)
+        leaves.append(leaf)
+        leaf_of[int(P_id[k])] = leaf
+    tree: list[int] = []
+    ordered: list[Leaf] = []
+    todo = [0]
+    while todo:  # preorder: the certificate's partition record
+        node = todo.pop()
+        if node in split_of:
+            dim, left, right = split_of[node]
+            tree.append(dim)
+            todo += [right, left]
+        else:
+            tree.append(-1)
+            ordered.append(leaf_of[node])
+    leaves = ordered
     all_proved = cex is None and all(lf.proved for lf in leaves)
     verdict = "refuted" if cex is not None else ("proved" if all_proved else "unknown")
     bound = max((lf.value for lf in leaves), default=INF)
@@ -181,4 +254,4 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
     if not all_proved and not stopped:
         stopped = "parts that cannot be split further"
     return SplitOutcome(verdict, bound, min(frac, 1.0), leaves, bounded, rounds,
-                        time.perf_counter() - t0, cex, stopped)
+                        time.perf_counter() - t0, cex, stopped, tree=tree)

@@ -30,7 +30,7 @@ import torch
 
 from kcverify.dsl.vnnlib import Case, VnnProperty
 from kcverify.errors import KcverifyError
-from kcverify.regions.chain import ChainBounds, NotAChain, extract_chain
+from kcverify.regions.chain import ChainBounds, NotAChain, extract_chain, one_thread
 from kcverify.regions.falsify import (
     ChainNet,
     Witness,
@@ -113,6 +113,12 @@ def verify_vnnlib(model: str | os.PathLike[str] | Any, prop: VnnProperty, spec: 
                   progress: Callable[[str], None] | None = None) -> VnnResult:
     """Decide ``prop`` on ``model`` (a path or a Graph) for every program conforming to
     ``spec`` (default: fp32 any order) within ``timeout`` seconds (module doc)."""
+    with one_thread():
+        return _verify(model, prop, spec, timeout, device, batch, progress)
+
+
+def _verify(model: str | os.PathLike[str] | Any, prop: VnnProperty, spec: Any, timeout: float,
+            device: str, batch: int, progress: Callable[[str], None] | None) -> VnnResult:
     from kcverify.models.ir import Graph, load_onnx
 
     t0 = time.perf_counter()

@@ -1,0 +1,108 @@
+"""`kcverify prove` with a ``{vnnlib: FILE}`` slice: NeuroDiff's clause proved by input splitting
+on an ACAS Xu network, its split-cover certificate re-checked by `kcverify check`, and tampered
+certificates (a claim, the partition, the region) rejected."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kcverify.certs.encoding import unfx_list
+from kcverify.cli import main
+from kcverify.dsl import load_contract
+from kcverify.empirical.slices import load_slice
+from kcverify.errors import ContractError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTRACT = ROOT / "examples" / "contracts" / "acasxu-fp16.yaml"
+
+
+@pytest.fixture(scope="module")
+def proved(acas: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    d = tmp_path_factory.mktemp("acas")
+    model = d / "net.onnx"
+    shutil.copy(acas / "ACASXU_run2a_1_1_batch_2000.onnx", model)
+    model.chmod(0o644)
+    report = d / "report.json"
+    assert main(["prove", str(CONTRACT), str(model), "--report", str(report)]) == 0
+    cert = next(d.glob("net.onnx*.kcert.json"))
+    return model, cert, json.loads(report.read_text())
+
+
+def _split_node(stmt: dict) -> dict:
+    node = stmt["predicate"]["clauses"][0]["proof"]
+    while node["rule"] != "split-cover":
+        node = node["premises"][0]
+    return node
+
+
+def test_proved_and_checks(proved: tuple[Path, Path, dict]) -> None:
+    model, cert, report = proved
+    (clause,) = report["clauses"]
+    assert clause["verdict"] == "proved" and clause["bound"] <= 0.05
+    node = _split_node(json.loads(cert.read_text()))
+    params = node["params"]
+    assert params["method"] == "chain" and params["tree"].count(-1) == len(params["claims"]) > 1
+    assert max(unfx_list(params["claims"])) == clause["bound"]
+    assert main(["check", str(cert), str(model), str(CONTRACT)]) == 0
+
+
+def _tampered(proved: tuple[Path, Path, dict], tmp_path: Path, edit) -> int:  # noqa: ANN001
+    model, cert, _ = proved
+    stmt = json.loads(cert.read_text())
+    edit(_split_node(stmt)["params"])
+    bad = tmp_path / "bad.kcert.json"
+    bad.write_text(json.dumps(stmt))
+    return main(["check", str(bad), str(model), str(CONTRACT)])
+
+
+def test_tampered_claim_rejected(proved: tuple[Path, Path, dict], tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    def edit(p: dict) -> None:
+        claims = unfx_list(p["claims"])
+        k = int(np.argmax(claims))
+        p["claims"][k] = float(claims[k] / 4).hex()
+    assert _tampered(proved, tmp_path, edit) == 1
+    assert "exceeds the claim" in capsys.readouterr().out
+
+
+def test_partition_must_cover(proved: tuple[Path, Path, dict], tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    def drop_leaf(p: dict) -> None:  # the tree no longer describes a partition
+        p["tree"] = p["tree"][:-1]
+        p["claims"] = p["claims"][:-1]
+    assert _tampered(proved, tmp_path, drop_leaf) == 1
+    assert "tree ends before every part is a leaf" in capsys.readouterr().out
+
+    def shrink(p: dict) -> None:  # a smaller region than the slice's box
+        hi = unfx_list(p["region"]["hi"])
+        hi[1] = hi[1] - 0.25
+        p["region"]["hi"] = [float(v).hex() for v in hi]
+    assert _tampered(proved, tmp_path, shrink) == 1
+    assert "does not contain the inputs of slice 'p1'" in capsys.readouterr().out
+
+
+def test_vnnlib_slice_data(acas: Path) -> None:
+    c = load_contract(CONTRACT)
+    data = load_slice(c.slices["p1"], base_dir=CONTRACT.parent)
+    assert data.n == 64 and data.flat
+    x = data.feeds(["input"], {"input": (1, 1, 1, 5)})["input"]
+    assert x.shape == (64, 1, 1, 5)
+    lo, hi = x.reshape(64, 5).min(0), x.reshape(64, 5).max(0)
+    assert np.allclose(lo, [0.6, -0.5, -0.5, 0.45, -0.5]) and np.allclose(hi[0], 0.679857769)
+
+
+def test_vnnlib_slice_rejects_other_keys(tmp_path: Path) -> None:
+    text = CONTRACT.read_text().replace("p1: {vnnlib: ../data/acasxu/prop_1.vnnlib}",
+                                        "p1: {vnnlib: prop_1.vnnlib, where: 'len > 0'}")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ContractError, match="a vnnlib slice is the property's input box; 'where'"):
+        load_contract(bad)
+    bad.write_text(CONTRACT.read_text().replace("../data/acasxu/prop_1.vnnlib", "p.npz"))
+    with pytest.raises(ContractError, match=r"vnnlib must name a \.vnnlib"):
+        load_contract(bad)

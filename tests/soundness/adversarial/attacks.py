@@ -71,7 +71,7 @@ def programs(sp: KernelSpec, n: int, seed: int = 0, **fixed) -> list[Program]:
         "quotient": ("exact", "fp32"),
         "rescale": ("one", "two"),
         "sm_form": ("two_pass", "recip", "fused"), "ln_form": ("two_pass", "two_pass_acc", "fused"),
-        "gelu_form": ("decomposed", "fused"),
+        "gelu_form": ("decomposed", "onnx", "fused"),
     }
     for k in itertools.count(3):
         if len(out) >= n:

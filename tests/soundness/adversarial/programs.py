@@ -23,7 +23,9 @@ the spec leaves open, taken adversarially:
   within ulps("reduce") (the spec since issue 11); Softmax divides by the sum (``two_pass``) or
   multiplies by its reciprocal (``recip``, torch / onnxruntime); LayerNorm's mean, centred
   values, squares and variance are compute-format values (``two_pass``) or accumulator values
-  (``two_pass_acc``); ``fused``: one rounding of the exact result.
+  (``two_pass_acc``); GELU is torch's (0.5 x)(1 + erf(x / sqrt 2)) (``decomposed``), ONNX's
+  function body x (0.5 (1 + erf)) (``onnx``), or the tanh form likewise; ``fused``: one
+  rounding of the exact result.
 
 Values are numpy float64 arrays holding values of the compute format. Dynamic per-tensor scales
 take their amax over the whole operand (``per_sample="whole"``: run one sample at a time) or over
@@ -415,7 +417,9 @@ class Program:
             t = self.unary("tanh", self.mul(inner, rnd(math.sqrt(2 / math.pi), self.C)))
         else:
             t = self.unary("erf", self.div(x, rnd(math.sqrt(2), self.C)))
-        return self.mul(self.mul(x, self.add(1.0, t)), 0.5)
+        if self.gelu_form == "onnx":  # ONNX's function body: x * (0.5 (1 + t))
+            return self.mul(x, self.mul(0.5, self.add(1.0, t)))
+        return self.mul(self.mul(0.5, x), self.add(1.0, t))  # torch, HF: (0.5 x)(1 + t)
 
 
 def _keep_inf(ex: np.ndarray, y: np.ndarray) -> np.ndarray:

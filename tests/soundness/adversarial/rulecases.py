@@ -4,7 +4,7 @@ test_rules.py, the campaign and bench/adversarial.py).
 Input kinds: ``normal``; ``midpoint`` (fp8 rounding midpoints +- one fp32 ulp for the scale the
 spec's activation cast computes); ``saturate`` (the amax and just under it: q = 448, and a
 quotient the fp32 division may round up to it); ``tiny`` (fp32 subnormals); ``large`` (2e4:
-the fp16 range).
+the fp16 range). ``open_finding`` names the combinations an open finding pins down (skipped).
 """
 
 from __future__ import annotations
@@ -150,8 +150,23 @@ def feeds_for(case: RuleCase, kind: str, sp_name: str, rng: np.random.Generator,
     return feeds
 
 
+# Combinations whose violation a test in test_findings.py pins down while it is open (that test
+# is xfail strict; when its fix lands, delete the mark there and the entry here):
+# (op, input kind, compute format) -> the finding.
+OPEN_FINDINGS: dict[tuple[str, str, str], str] = {
+    ("ReduceMean", "large", "fp16"): "test_reduce_mean_stored_sum_overflows_in_fp16",
+    ("Exp", "large", "fp16"): "test_both_kernels_overflow",
+}
+
+
+def open_finding(case: RuleCase, sp_name: str, kind: str) -> str | None:
+    return OPEN_FINDINGS.get((case.op, kind, SPECS[sp_name].compute.name))
+
+
 def run_case(led: Ledger, case: RuleCase, sp_name: str, kind: str, domain: str, n_pairs: int,
              seed: int, region_eps: float | None = None, n_points: int = 3) -> list[str]:
+    if open_finding(case, sp_name, kind):
+        return []
     sp = SPECS[sp_name]
     rng = np.random.default_rng(seed)
     feeds = feeds_for(case, kind, sp_name, rng)

@@ -1,8 +1,9 @@
 """Violations this suite found beyond issue 11's list, each a minimal reproducer: a conforming
-program (or a real runtime that must conform) outside the certified sets. 1-8 failed on the
-code they were found on (9e91055 .. cea57fd, marked xfail strict there) and pass since e3ce798 /
-019c83c, which fixed them at their causes: regression tests now. An open one carries
-``xfail(strict=True)`` until its fix lands.
+program (or a real runtime that must conform) outside the certified sets. 1-9 failed on the
+code they were found on (marked xfail strict there) and pass since e3ce798 / 019c83c / 98c8b53,
+which fixed them at their causes: regression tests now. An open one carries
+``xfail(strict=True)`` until its fix lands, and its combination is listed in
+rulecases.OPEN_FINDINGS (skipped by the generic sweeps) until then.
 
 1. ``Cast`` to float16 / bfloat16 is bounded as the identity ("the kernel stores tensors in
    its compute format anyway"), but a runtime executing the graph rounds there: onnxruntime's
@@ -29,7 +30,11 @@ code they were found on (9e91055 .. cea57fd, marked xfail strict there) and pass
 8. (minor) A fully masked softmax row: NaN in torch / onnxruntime, value interval [-eta, inf].
 9. Sigmoid below -36.7 in a bf16 kernel: the derivative enclosure s (1 - s) cancels to 0 in
    float64, the drift is certified ~14x too small on a box (found by the campaign as an
-   InternalError at a point; open: xfail strict).
+   InternalError at a point; fixed in 98c8b53).
+10. ReduceMean in fp16: the sum stored in the compute format before the division overflows
+    (open).
+11. (minor) Both kernels certainly overflow (exp of 5e3): the drift interval is [inf, inf]
+    (open).
 
 Each test names the smallest input that shows it.
 """
@@ -193,7 +198,6 @@ def test_fully_masked_softmax_row() -> None:
     _ok(led, "finding/masked-row", found)
 
 
-@pytest.mark.xfail(strict=True, reason="NEW (adversary): Sigmoid's derivative is 0 below -36.7")
 def test_sigmoid_far_negative_in_bf16() -> None:
     """Sigmoid's derivative enclosure is s (1 - s) with s = sigmoid(|x|): 1 - s is 0 in float64
     for |x| > 36.7, so the mean-value drift of a bf16 kernel (whose input storage moves x by up
@@ -220,3 +224,32 @@ def test_sigmoid_far_negative_in_bf16() -> None:
                     {"x": np.array([[-38.79393387, -45.2, -60.7, 35.0]], np.float32)},
                     [(Program(TRAIN), Program(bf))], domain="best")
     _ok(led, "finding/sigmoid", found)
+
+
+@pytest.mark.xfail(strict=True, reason="NEW (adversary): ReduceMean's stored fp16 sum overflows")
+def test_reduce_mean_stored_sum_overflows_in_fp16() -> None:
+    """The spec stores a reduction's sum in the compute format before the division; in fp16
+    30000 + 30000 + 20000 + 10000 = 90000 is inf there, so the mean is inf. Certified
+    [22478, 22522] in every domain (finding 3's sibling; e3ce798 fixed LayerNorm's)."""
+    led = Ledger()
+    f16 = spec(compute="fp16", accumulate="fp32")
+    model = node_model("ReduceMean", [("x", (1, 4)), ("axes", np.array([1]))], {"keepdims": 1},
+                       opset=18)
+    found = attack(led, "finding/reduce-mean-fp16", model, TRAIN, f16,
+                   {"x": np.array([[30000, 30000, 20000, 10000]], np.float32)},
+                   [(Program(TRAIN), Program(f16))], domain="best")
+    _ok(led, "finding/reduce-mean-fp16", found)
+
+
+@pytest.mark.xfail(strict=True, reason="NEW (adversary, minor): two certain overflows give drift [inf, inf]")
+def test_both_kernels_overflow() -> None:
+    """exp(5339.5) is +inf in both kernels (fp32 and fp16); the drift interval is [inf, inf],
+    which no execution satisfies (inf - inf is NaN; the project's own convention counts equal
+    infinities as drift 0). linf is inf, so no finite bound is claimed."""
+    led = Ledger()
+    f16 = spec(compute="fp16", accumulate="fp32", ulps={"exp": 4})
+    x = np.array([[5339.517, 2.0, -5339.517, 0.5], [27194.951, 1.0, 20922.865, -3.0]],
+                 np.float32)
+    found = attack(led, "finding/both-overflow", node_model("Exp", [("x", (2, 4))]), TRAIN, f16,
+                   {"x": x}, [(Program(TRAIN), Program(f16))], domain="best")
+    _ok(led, "finding/both-overflow", found)

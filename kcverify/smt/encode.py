@@ -138,7 +138,11 @@ def _intervals(graph: Graph, train: KernelSpec, inf: KernelSpec, name: str, x: n
     lo, hi = (t, t) if eps == 0 else (pad_lo(t - eps), pad_hi(t + eps))
     state = {name: input_box(train, inf, lo, hi)}
     names = {o for n in graph.nodes for o in n.outputs if o}
-    boxes = run_graph(graph, train, inf, state, "interval", "cpu", keep=names)
+    from kcverify.models.blocks import sample_axes
+
+    # one sample is encoded: its per-sample scales are the operands' (batch of one)
+    boxes = run_graph(graph, train, inf, state, "interval", "cpu", keep=names,
+                      axes=sample_axes(graph), batch=1)
     boxes[name] = state[name]
     iv, drift = {}, {}
     for k, b in boxes.items():

@@ -1,4 +1,4 @@
-"""Benchmark of the bound engine: ratios measured in one run (DESIGN 5, 6; issue 4).
+"""Benchmark of the bound engine: ratios measured in one run (semantics §5, 6; issue 4).
 
     python bench/bounds.py [--models tiny_decoder,tiny_encoder,minilm,mlp_small] [--device cpu]
                            [--contracts examples/contracts/w8-decoder.yaml,...] [--programs 3]

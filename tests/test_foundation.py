@@ -1,4 +1,4 @@
-"""The foundation: format constants (DESIGN 1.1) against ml_dtypes, the IR round trip."""
+"""The foundation: format constants (semantics §1.1) against ml_dtypes, the IR round trip."""
 
 from __future__ import annotations
 

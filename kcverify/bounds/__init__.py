@@ -1,4 +1,4 @@
-"""Sound differential bounds on the drift between two kernels of one model (DESIGN 1.1, 5, 6).
+"""Sound differential bounds on the drift between two kernels of one model (semantics §1.1, 5, 6).
 
     from kcverify.bounds import certify_drift, bound_block, Region, DiffBox
 """

@@ -1,4 +1,4 @@
-"""Sound images of the casts of DESIGN 1.1, on intervals, in float64.
+"""Sound images of the casts of semantics §1.1, on intervals, in float64.
 
 * ``rne(t, fmt)``: round-to-nearest-even into a float format, computed exactly in float64 (the
   quantum is a power of two, so t/quantum and the product are exact); saturates values within
@@ -230,7 +230,7 @@ def _blocked(lo: torch.Tensor, hi: torch.Tensor, dim: int, block: int, fn) -> tu
 
 def weight_cast(w: torch.Tensor, cs: CastSpec, rounding: str, out_axis: int, k_axis: int,
                 deq_u: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q(W), exactly as every conforming program computes it (DESIGN 1.1: weights are cast
+    """Q(W), exactly as every conforming program computes it (semantics §1.1: weights are cast
     exactly, round to nearest, with the scales of kcverify.kernels.scale): a point."""
     from kcverify.kernels.scale import quantize_weight
 

@@ -92,7 +92,7 @@ class RuleCtx:
     def attr(self, name: str, default: Any = None) -> Any:
         return self.node.attrs.get(name, default)
 
-    # --- rounding model of DESIGN 1.1 ---------------------------------------------------
+    # --- rounding model of semantics §1.1 ---------------------------------------------------
     def rel(self, spec: KernelSpec, prim: str) -> float:
         """Relative error of one primitive of ``spec``: ulps * u_compute."""
         return spec.ulp(prim) * spec.compute.u

@@ -14,7 +14,7 @@ both kernels share cancels exactly.
 Rules follow one pattern: the op's exact real map is applied to the forms (affine ops exactly;
 products and smooth nonlinearities by a first-order expansion at the centre plus a remainder
 bounded over the tensor's box, DeepZ / DeepT style), and the kernel's own error for the op
-(DESIGN 1.1, the same error bounds the interval rules use) is added to ``r``. ``r`` is the part
+(semantics §1.1, the same error bounds the interval rules use) is added to ``r``. ``r`` is the part
 without symbols; before an op that mixes elements (a matmul, a normalisation, a reduction) it is
 turned into fresh symbols, one per element, so rounding errors keep their signs from there on.
 Each form keeps at most ``K_MAX`` symbols and ``ELEMENT_BUDGET`` generator entries: the rows of

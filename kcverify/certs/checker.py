@@ -1,4 +1,4 @@
-"""The independent checker: re-verifies a certificate without the original run (DESIGN 4).
+"""The independent checker: re-verifies a certificate without the original run (semantics §4).
 
 It checks, and reports every failure as one line:
 1. the subject digests: the model (its bytes, or its canonical form for embedded certificates),

@@ -1,4 +1,4 @@
-"""Composition rules: the steps of a certificate's proof tree (DESIGN 1.3, 4).
+"""Composition rules: the steps of a certificate's proof tree (semantics §1.3, 4).
 
 A proof tree node (an *application*) is ``{"rule": name, "premises": [nodes], "conclusion": {...},
 "params": {...}}``. A rule is registered with ``@register_rule(name)``; it has
@@ -550,7 +550,7 @@ class LinfFromState(Rule):
         return out
 
 
-# ---- the paper's chain (DESIGN 1.3) --------------------------------------------------------
+# ---- the paper's chain (semantics §1.3) --------------------------------------------------------
 
 @register_rule("logprob-from-linf")
 class LogprobFromLinf(Rule):
@@ -604,7 +604,7 @@ class TvFromLinf(Rule):
     q(A) = Σ_A p_i w_i / Σ_j p_j w_j is linear-fractional in w, so it is largest at w = b on A and
     1/b off A: with P = p(A), r = b², q(A) − P = P(1 − P)(r − 1)/(1 + P(r − 1)), whose maximum
     over P ∈ [0, 1] (at P = 1/(1 + b)) is (b − 1)/(b + 1) = tanh(δ/(2T)). Attained by two tokens;
-    sharper than, and implies, DESIGN 1.3's (e^(2δ/T) − 1)/2.
+    sharper than, and implies, semantics §1.3's (e^(2δ/T) − 1)/2.
     """
 
     def conclude(self, premises: list[dict[str, Any]], params: dict[str, Any],
@@ -618,7 +618,7 @@ class TvFromLinf(Rule):
 
 @register_rule("kl-from-linf")
 class KlFromLinf(Rule):
-    """KL(q‖p) and KL(p‖q) ≤ 2·log cosh(δ/T) (≤ δ²/T², and ≤ 2δ/T of DESIGN 1.3).
+    """KL(q‖p) and KL(p‖q) ≤ 2·log cosh(δ/T) (≤ δ²/T², and ≤ 2δ/T of semantics §1.3).
 
     KL(q‖p) = E_q log(q/p) ≤ log E_q (q/p) = log E_p ρ², ρ = q/p = w/E_p w with w_i = e^(Δ_i/T) ∈
     [a, b] = [e^(−δ/T), e^(δ/T)]; by Kantorovich's inequality E w²/(E w)² ≤ (a + b)²/(4ab) =

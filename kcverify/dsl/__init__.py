@@ -1,7 +1,7 @@
 """The contract DSL: YAML container, first-order clause expressions, typed contract model.
 
     contract = load_contract("contract.yaml")     # ContractError (file:line:col) on bad input
-    contract.kernels["inf"]                        # KernelSpec (DESIGN 1.1)
+    contract.kernels["inf"]                        # KernelSpec (semantics §1.1)
     for clause in contract.clauses:
         clause.klass, clause.text                  # certifiable | empirical | static; normal form
         numerical_query(clause)                    # the certifiable shape the planner needs

@@ -1,4 +1,4 @@
-"""Recognise the certifiable clause shapes the planner knows (DESIGN 1.2, 1.3).
+"""Recognise the certifiable clause shapes the planner knows (semantics §1.2, 1.3).
 
 ``numerical_query(clause)`` returns a NumericalQuery for a clause whose condition has one of these
 shapes (S a slice, x its input variable, t a token position, c a number; ``a - b`` may be written

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# Kinds decide a clause's class (DESIGN 1.2): 'model' needs both kernels' outputs (certifiable
+# Kinds decide a clause's class (semantics §1.2): 'model' needs both kernels' outputs (certifiable
 # when quantified over slices), 'runtime' and 'label' are measured (empirical), 'static' inspects
 # the artifacts, 'pure' is plain arithmetic.
 KINDS = ("model", "pure", "runtime", "label", "static")

@@ -49,7 +49,7 @@ _KEYWORDS = ("forall", "exists", "in", "and", "or", "not", "implies")
 
 
 def classify(kinds: set[str], expr: Expr) -> str:
-    """DESIGN 1.2: runtime or label-needing measurements are empirical; a condition on the
+    """semantics §1.2: runtime or label-needing measurements are empirical; a condition on the
     artifacts alone is static; model quantities quantified over slices are certifiable."""
     if kinds & {"runtime", "label"}:
         return "empirical"

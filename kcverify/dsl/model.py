@@ -63,7 +63,7 @@ class Slice:
 class Clause:
     """One clause in normal form: ``expr`` is the explicit first-order condition.
 
-    klass: certifiable | empirical | static (DESIGN 1.2). hard: no budget (must hold outright).
+    klass: certifiable | empirical | static (semantics §1.2). hard: no budget (must hold outright).
     budget: for a soft clause, the fraction of units (inputs, or timed calls) allowed to violate
     the threshold; kcverify.empirical decides the exceedance rate with one-sided Clopper-Pearson
     bounds at its confidence level.

@@ -1,6 +1,6 @@
 """Counterexample search for certifiable clauses the engines left unknown.
 
-A certificate quantifies over every conforming *program* (DESIGN 1) and, for a region, every
+A certificate quantifies over every conforming *program* (semantics §1) and, for a region, every
 input in it. A counterexample is therefore a pair of conforming programs (one per kernel, given by
 Realization choices: seed, order, chunk, rounding) and an input on which the clause's quantity
 breaks its threshold. Two searches:

@@ -17,7 +17,7 @@ float, e.g. a calibration error): it has no per-unit values and is decided by a 
 
 Conventions (logits z [n, ..., V], float64; the vocabulary axis is last; T = temperature):
 p = softmax(z_train / T) is the training kernel's distribution, q = softmax(z_inf / T) the inference
-kernel's; rho = q / p is the importance ratio of DESIGN 1.3.
+kernel's; rho = q / p is the importance ratio of semantics §1.3.
 
 Adding a metric is one function and one decorator in this file (or any imported module).
 """

@@ -3,7 +3,7 @@ bound, could explain the drift the record shows?
 
 The observed drift is the record's max |z_inf - z_train| over positions and vocabulary (or,
 for a record with only sampled tokens, max |log q - log p| of those tokens, compared through
-the chain |log q - log p| <= 2 delta / T, DESIGN 1.3). Each source's bound is a certified drift
+the chain |log q - log p| <= 2 delta / T, semantics §1.3). Each source's bound is a certified drift
 bound (kcverify.bounds.certify_drift, sound for every conforming program) on the record's own
 input between two kernel specs that differ only in that source:
 

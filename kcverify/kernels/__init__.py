@@ -1,4 +1,4 @@
-"""Number formats, kernel specs, exact casts and concrete realizations (DESIGN 1.1).
+"""Number formats, kernel specs, exact casts and concrete realizations (semantics §1.1).
 
     formats   Format, get_format, gamma                 (pure Python: the DSL imports these)
     spec      KernelSpec, CastSpec, parse_kernel_spec   (pure Python)

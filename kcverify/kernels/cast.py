@@ -1,4 +1,4 @@
-"""Exact casts to the number formats of DESIGN 1.1: Q(t) = s * cast(t / s).
+"""Exact casts to the number formats of semantics §1.1: Q(t) = s * cast(t / s).
 
 Every function here works on float64 torch tensors (any device) and is exact:
 

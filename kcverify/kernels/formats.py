@@ -1,4 +1,4 @@
-"""Number formats and their constants (DESIGN section 1.1). Pure Python: the DSL imports this.
+"""Number formats and their constants (docs/semantics.md §1.1). Pure Python: the DSL imports this.
 
 For a floating format with p significand bits (implicit bit included), round-to-nearest gives
 |fl(a) - a| <= u*|a| for a in the normal range with u = 2^-p, and |fl(a) - a| <= eta (half the

@@ -1,4 +1,4 @@
-"""Concrete realizations of a kernel spec: one conforming program each (DESIGN 1.1).
+"""Concrete realizations of a kernel spec: one conforming program each (semantics §1.1).
 
 ``Realization(spec, seed, order, chunk, rounding)`` is an ``Arithmetic`` for the executor
 (kcverify.models.arith). What it executes, exactly (all in float64 with error-free

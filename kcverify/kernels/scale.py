@@ -1,4 +1,4 @@
-"""Scales of the casts of DESIGN 1.1 and the exact quantization of weights and activations.
+"""Scales of the casts of semantics §1.1 and the exact quantization of weights and activations.
 
 A scale is s = fl32(max(amax, floor) / max_finite) (qmax for int formats) over its group, the
 float32 quotient of the float32 amax clamped to the spec's floor (CastSpec.floor, default 1e-12),

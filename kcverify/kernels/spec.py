@@ -1,4 +1,4 @@
-"""Kernel specs: typed, canonical descriptions of a family of conforming programs (DESIGN 1.1).
+"""Kernel specs: typed, canonical descriptions of a family of conforming programs (semantics §1.1).
 
 Pure Python (the DSL imports this). The semantics a spec fixes, for every program conforming to it:
 

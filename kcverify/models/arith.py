@@ -1,7 +1,7 @@
 """The arithmetic hook between the executor and a kernel realization.
 
 The executor evaluates ops in exact-as-possible torch arithmetic; every place where a kernel spec
-admits an error (DESIGN 1.1) goes through an ``Arithmetic`` object instead:
+admits an error (semantics §1.1) goes through an ``Arithmetic`` object instead:
 
 * ``matmul``: every MatMul (and Gemm after its transposes, before alpha/beta and bias) - both
   operands with their role ("weights" when the tensor is constant in the graph, else

@@ -1,4 +1,4 @@
-"""Segment a model along its residual stream into standalone blocks (DESIGN 2, 6).
+"""Segment a model along its residual stream into standalone blocks (semantics §2, 6).
 
 A *cut* is a tensor of the stream that is, at that point of the graph's topological order, the
 only live stream tensor: every path from the stream input to the outputs passes through it. The
@@ -264,7 +264,7 @@ def run_blocks(blocks: list[Block], feeds: dict, executor_factory=None) -> dict:
     return env
 
 
-# --- the sample axis of every tensor (DESIGN 1.1: "the sample axis comes from the model's
+# --- the sample axis of every tensor (semantics §1.1: "the sample axis comes from the model's
 # inputs and is tracked through the graph") ------------------------------------------------
 UNKNOWN = "unknown"
 SampleAxis = int | str | None  # an axis; None: no sample axis (the same for every sample); UNKNOWN

@@ -97,7 +97,7 @@ class Graph:
         raise KeyError(name)
 
     def constant_names(self) -> set[str]:
-        """Tensors computable from initializers and Constant nodes alone (weights, in DESIGN's
+        """Tensors computable from initializers and Constant nodes alone (weights, in docs/semantics.md's
         sense: "every constant input of MatMul, Gemm and Conv")."""
         const = set(self.initializers)
         for n in self.nodes:

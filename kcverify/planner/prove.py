@@ -1,10 +1,10 @@
 """`kcverify prove`: decide every clause of a contract on a model and write the certificate.
 
-For each clause, by class (DESIGN 1.2):
+For each clause, by class (semantics §1.2):
 
 * certifiable: its NumericalQuery goes to the bound engine on the clause's slice (one
   certify_drift run per slice, shared by every clause on it); the certified drift goes through
-  the paper's chain (DESIGN 1.3) as composition rules (linf-from-state, ratio/logprob/tv/kl,
+  the paper's chain (semantics §1.3) as composition rules (linf-from-state, ratio/logprob/tv/kl,
   top1-from-margin, aggregate, threshold), so the clause's proof tree is checkable. When the bound
   misses the threshold, concrete conforming programs (seeded realizations of both specs) look for
   a violation: one found and replayed makes the clause *refuted*; otherwise the clause falls back

@@ -1,4 +1,4 @@
-"""Static (observability) clauses: conditions over the model artifact alone (DESIGN 1.2).
+"""Static (observability) clauses: conditions over the model artifact alone (semantics §1.2).
 
 Facts available to a static clause: ``has_metadata("key")`` (the ONNX metadata_props, plus
 ``producer_name`` / ``producer_version`` / ``domain`` / ``model_version`` / ``doc_string`` when

@@ -1,6 +1,6 @@
 """The report's input: plain dataclasses the planner fills, one ClauseResult per clause.
 
-Verdicts are DESIGN 4's: proved / refuted / unknown (formal) and passed / failed (empirically:
+Verdicts are semantics §4's: proved / refuted / unknown (formal) and passed / failed (empirically:
 measured, with the evidence recorded). A clause is *violated* when refuted or failed; its
 action (through the escalation policy, kcverify.empirical.escalation) then applies.
 
@@ -28,7 +28,7 @@ class Verdict(StrEnum):
 
     @classmethod
     def _missing_(cls, value: object) -> Verdict | None:
-        """DESIGN's long names are accepted: passed-empirically, failed-empirically."""
+        """docs/semantics.md's long names are accepted: passed-empirically, failed-empirically."""
         return {"passed-empirically": cls.PASSED, "failed-empirically": cls.FAILED}.get(str(value))
 
     @property

@@ -6,7 +6,7 @@
 The block is a chain of Gemm / MatMul (activations on the left, constant weights on the right),
 Add / Sub / Mul (by a constant, or of two tensors), Relu and data-movement no-ops, on one float
 input of shape (batch, n); one sample of the batch is encoded. For each kernel k (train, inf) the
-encoding states, as linear constraints over real variables (DESIGN 1.1 and kcverify.kernels.spec):
+encoding states, as linear constraints over real variables (semantics §1.1 and kcverify.kernels.spec):
 
 * input x: the sample (point) or a real x with |x - x0| <= eps (shared by both kernels), stored
   in the compute format: exact for a point, else x + e with |e| <= u_c|x| + eta_c;

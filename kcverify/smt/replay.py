@@ -7,7 +7,7 @@ kcverify.kernels.realize does), and takes from the witness only the choices the 
 each accumulation error (clamped to gamma_n * sum |a_i b_i| of the replayed operands) and each
 rounding to the compute format (the grid value within the spec's bound that is nearest to the
 witness's value; the nearest-even rounding when the witness's is out of reach). Every value the
-replay produces is therefore what some program conforming to the spec computes (DESIGN 1.1), and
+replay produces is therefore what some program conforming to the spec computes (semantics §1.1), and
 its drift is a real violation when it exceeds the threshold. ``clamped`` counts the witness
 choices the replay had to change.
 """

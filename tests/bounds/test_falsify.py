@@ -25,7 +25,7 @@ def test_falsifier_below_certificate_and_sharp_on_points() -> None:
     cert = certify_drift(g, TRAIN, INF, x).linf
     f = falsify(g, TRAIN, INF, x, programs=4)
     assert np.all(f.best <= cert)
-    assert np.all(cert <= 1.01 * f.best)  # DESIGN 5: exact-cast intervals are sharp on points
+    assert np.all(cert <= 1.01 * f.best)  # semantics §5: exact-cast intervals are sharp on points
     assert all(w[0] and w[1] for w in f.witness)
 
 

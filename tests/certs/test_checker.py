@@ -219,7 +219,7 @@ def test_input_region_must_cover_the_slice(example: Any, engine: FakeEngine) -> 
 
 
 def test_checker_imports_stay_light() -> None:
-    """DESIGN 2: certs/checker depends on nothing heavier than re-checking needs."""
+    """semantics §2: certs/checker depends on nothing heavier than re-checking needs."""
     import subprocess
     import sys
 

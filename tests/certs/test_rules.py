@@ -51,7 +51,7 @@ def test_ratio_tv_kl_reward_hand() -> None:
     assert dev >= math.exp(0.1) - 1 and dev == pytest.approx(0.10517091807564771, rel=1e-14)
     (tv,) = vals(conclude("tv-from-linf", [linf(0.05)], temperature=1.0))
     assert tv == pytest.approx(math.tanh(0.025), rel=1e-14) and tv >= math.tanh(0.025)
-    assert tv <= (math.exp(0.1) - 1) / 2  # sharper than DESIGN 1.3's form, which it implies
+    assert tv <= (math.exp(0.1) - 1) / 2  # sharper than semantics §1.3's form, which it implies
     (kl,) = vals(conclude("kl-from-linf", [linf(0.05)], temperature=1.0))
     assert kl == pytest.approx(2 * math.log(math.cosh(0.05)), rel=1e-13) and kl <= 0.05**2
     assert kl >= 2 * math.log(math.cosh(0.05))

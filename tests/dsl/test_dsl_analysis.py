@@ -1,4 +1,4 @@
-"""numerical_query recognises exactly the documented certifiable shapes; classes per DESIGN 1.2."""
+"""numerical_query recognises exactly the documented certifiable shapes; classes per semantics §1.2."""
 
 from __future__ import annotations
 

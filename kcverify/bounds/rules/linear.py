@@ -1,4 +1,4 @@
-"""MatMul and Gemm under the kernel error model (DESIGN 1.1, kcverify/kernels/spec.py).
+"""MatMul and Gemm under the kernel error model (semantics §1.1, kcverify/kernels/spec.py).
 
 Per kernel: constant operands (graph.constant_names) are weights, cast exactly by the spec's
 ``weights`` (casts.weight_cast; otherwise the hull of W and its compute-format rounding), the

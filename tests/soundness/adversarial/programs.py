@@ -1,5 +1,5 @@
 """Conforming programs of a kernel spec, written from the spec's text alone (kcverify/kernels/
-spec.py's docstring, docs/bounds.md, DESIGN 1.1), not from kcverify.kernels.realize.
+spec.py's docstring, docs/bounds.md, semantics §1.1), not from kcverify.kernels.realize.
 
 A ``Program`` is one member of the family a ``KernelSpec`` describes; its fields are the choices
 the spec leaves open, taken adversarially:

@@ -152,12 +152,13 @@ class ProgramRunner:
         for k, v in feeds.items():
             v = np.asarray(v)
             stored[k] = prog.store(v) if np.issubdtype(v.dtype, np.floating) else v
-        if prog.per_sample == "axis0":
+        batch = {v.shape[0] for v in stored.values() if v.ndim}
+        if prog.per_sample == "axis0" or batch == {1}:  # one sample (or every tensor batched)
             res = sess.run(None, stored)
             return {o: _f64(r) for o, r in zip(self.outputs, res)}
-        batch = next(iter(stored.values())).shape[0]
+        n = next(iter(stored.values())).shape[0]
         outs: dict[str, list[np.ndarray]] = {o: [] for o in self.outputs}
-        for b in range(batch):
+        for b in range(n):
             one = {k: v[b:b + 1] for k, v in stored.items()}
             res = sess.run(None, one)
             for o, r in zip(self.outputs, res):

@@ -100,3 +100,35 @@ def fold_integer_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     del m.graph.node[:]
     m.graph.node.extend(nodes)
     return m
+
+
+def embedding_tensors(model: onnx.ModelProto) -> list[str]:
+    """Outputs of Gather(initializer table, non-initializer indices): what an embedding-space
+    region perturbs (the engine's reading: token and position embeddings)."""
+    inits = {i.name for i in model.graph.initializer}
+    return [n.output[0] for n in model.graph.node
+            if n.op_type == "Gather" and n.input[0] in inits and n.input[1] not in inits]
+
+
+def cut_at(model: onnx.ModelProto, names: list[str], feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """(model', values): the model with the tensors ``names`` made graph inputs (their producing
+    nodes removed), and their exact values at ``feeds`` (onnx.reference on the original)."""
+    import numpy as np
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend(helper.make_tensor_value_info(n, 0, None) for n in names)
+    values = dict(zip(names, ReferenceEvaluator(probe).run(None, dict(feeds))))
+    cut = onnx.ModelProto()
+    cut.CopyFrom(model)
+    keep = [n for n in cut.graph.node if not any(o in names for o in n.output)]
+    del cut.graph.node[:]
+    cut.graph.node.extend(keep)
+    for n in names:
+        v = np.asarray(values[n])
+        cut.graph.input.append(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT,
+                                                             list(v.shape)))
+    return cut, values

@@ -34,7 +34,10 @@ rulecases.OPEN_FINDINGS (skipped by the generic sweeps) until then.
 10. ReduceMean in fp16: the sum stored in the compute format before the division overflows
     (open).
 11. (minor) Both kernels certainly overflow (exp of 5e3): the drift interval is [inf, inf]
-    (open).
+    (fp16) or [-inf, -inf] (bf16) (open).
+12. A static activation scale that may overflow, on a region: the interval domain says inf, the
+    linear domain (symbolic intervals) certifies the unsaturated product, and ``best`` keeps
+    it (open).
 
 Each test names the smallest input that shows it.
 """
@@ -250,6 +253,35 @@ def test_both_kernels_overflow() -> None:
     f16 = spec(compute="fp16", accumulate="fp32", ulps={"exp": 4})
     x = np.array([[5339.517, 2.0, -5339.517, 0.5], [27194.951, 1.0, 20922.865, -3.0]],
                  np.float32)
-    found = attack(led, "finding/both-overflow", node_model("Exp", [("x", (2, 4))]), TRAIN, f16,
-                   {"x": x}, [(Program(TRAIN), Program(f16))], domain="best")
+    found = []
+    for sp in (f16, spec(compute="bf16", accumulate="fp32")):
+        for domain in ("interval", "best"):
+            found += attack(led, "finding/both-overflow", node_model("Exp", [("x", (2, 4))]),
+                            TRAIN, sp, {"x": x}, [(Program(TRAIN), Program(sp))], domain=domain)
     _ok(led, "finding/both-overflow", found)
+
+
+@pytest.mark.xfail(strict=True, reason="NEW (adversary): linear domain ignores static-scale overflow")
+def test_static_scale_overflow_in_the_linear_domain() -> None:
+    """Static scale 0.02, x = 10 +- 0.01: 10 / 0.02 = 500 saturates at 448 (8.96). Certified by
+    ``linear`` and ``best`` on the box: inference value [4.417, 5.083], drift +-0.325; a
+    saturating program computes 4.165 (drift -0.835). interval: inf (right)."""
+    from kcverify.bounds import Region, certify_drift
+    from tests.soundness.adversarial.attacks import box_points
+    from tests.soundness.adversarial.harness import graph_of
+    from tests.soundness.adversarial.interp import ProgramRunner
+
+    led = Ledger()
+    st = spec(activations={"format": "fp8_e4m3", "scale": "static", "value": 0.02},
+              accumulate="fp32", compute="fp32")
+    model = node_model("MatMul", [("x", (1, 2)), ("w", np.array([[0.5], [-0.25]], np.float32))])
+    x = np.array([[10.0, 1.0]], np.float32)
+    run = ProgramRunner(model)
+    found = []
+    for domain in ("linear", "best"):
+        boxes = certify_drift(graph_of(model), TRAIN, st, {"x": x},
+                              region=Region("input", "linf", 0.01), domain=domain).outputs
+        for pt in box_points(np.random.default_rng(0), x, 0.01, 3):
+            found += led.check("finding/static-linear", boxes["y0"], run(Program(TRAIN), {"x": pt})["y0"],
+                               run(Program(st), {"x": pt})["y0"], f"static {domain}")
+    _ok(led, "finding/static-linear", found)

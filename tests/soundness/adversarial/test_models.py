@@ -204,3 +204,34 @@ def test_token_models_sweep(name: str, sp_name: str) -> None:
                    {"input_ids": _tokens(8, 2, 11)}, pairs(TRAIN, sp, 3, 11), domain="best")
     SESSION.merge(led)
     assert not found, "\n".join(found[:3])
+
+
+@pytest.mark.slow
+def test_embedding_region_tiny_encoder() -> None:
+    """Region(space="embedding"): points of the L-inf ball around the token and position
+    embeddings (the model cut there, the ball's points fed as inputs), interval domain."""
+    from tests.soundness.adversarial.subjects import cut_at, embedding_tensors
+
+    model = shipped("tiny_encoder")
+    feeds = {"input_ids": _tokens(6, 1, 4)}
+    names = embedding_tensors(model)
+    assert names, "no embedding Gather in tiny_encoder"
+    cut, values = cut_at(model, names, feeds)
+    eps = 0.01
+    res = certify_drift(graph_of(model), TRAIN, TOKEN_FP8, feeds,
+                        region=Region("embedding", "linf", eps), domain="interval").outputs
+    run = ProgramRunner(cut)
+    rng = np.random.default_rng(4)
+    led = Ledger()
+    found = []
+    per = {n: box_points(rng, np.asarray(values[n], np.float32), eps, 3) for n in names}
+    for k in range(3):
+        pt = {n: per[n][k] for n in names}
+        pt.update({k2: v for k2, v in feeds.items() if k2 in {i.name for i in cut.graph.input}})
+        for p_t, p_i in pairs(TRAIN, TOKEN_FP8, 2, k):
+            yt, yi = run(p_t, pt), run(p_i, pt)
+            for out, box in res.items():
+                found += led.check("model/tiny_encoder/embedding-region", box, yt[out], yi[out],
+                                   f"embedding eps {eps}: {p_t} | {p_i}")
+    SESSION.merge(led)
+    assert not found, "\n".join(found[:3])

@@ -195,6 +195,14 @@ def test_straddled_cast_downstream(acts: str, k: int) -> None:
                         domain=domain)
     SESSION.merge(led)
     assert not found, ratio_text(led["accumulate/straddle"])
+    # the diagnostic must not call a cast stable that conforming programs round both ways
+    from kcverify.bounds import certify_drift
+    from tests.soundness.adversarial.harness import graph_of
+
+    res = certify_drift(graph_of(model), TRAIN, sp, {"x": x}, domain="interval")
+    unstable = getattr(res, "unstable_casts", None)
+    if unstable is not None:
+        assert int(np.asarray(unstable).reshape(-1)[0]) >= 1, unstable
 
 
 @pytest.mark.slow

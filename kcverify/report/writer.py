@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from kcverify import __version__
 from kcverify.fileio import atomic_write_text
@@ -28,25 +25,10 @@ def report_json(report: Report) -> dict[str, Any]:
 
 
 def _finite(obj: Any) -> Any:
-    """Plain JSON values: numpy scalars and arrays become Python ones, paths strings; JSON has
-    no NaN / infinity: NaN becomes null, +-infinity the string "inf" / "-inf"."""
-    if isinstance(obj, np.ndarray):
-        obj = obj.tolist()
-    elif isinstance(obj, np.generic):
-        obj = obj.item()
-    elif isinstance(obj, os.PathLike):
-        obj = os.fspath(obj)
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return None
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
+    """Plain JSON values (kcverify.api.json_value: NaN as null, +-infinity as "inf" / "-inf")."""
+    from kcverify.api import json_value
+
+    return json_value(obj)
 
 
 def write_report_json(report: Report, path: str | os.PathLike[str]) -> Path:

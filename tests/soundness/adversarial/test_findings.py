@@ -38,6 +38,8 @@ rulecases.OPEN_FINDINGS (skipped by the generic sweeps) until then.
 12. A static activation scale that may overflow, on a region: the interval domain says inf, the
     linear domain (symbolic intervals) certifies the unsaturated product, and ``best`` keeps
     it (open).
+13. A softmax row holding +inf (fp16 storage or logits overflowing): NaN in every runtime,
+    certified finite (open; found by the campaign).
 
 Each test names the smallest input that shows it.
 """
@@ -285,3 +287,29 @@ def test_static_scale_overflow_in_the_linear_domain() -> None:
             found += led.check("finding/static-linear", boxes["y0"], run(Program(TRAIN), {"x": pt})["y0"],
                                run(Program(st), {"x": pt})["y0"], f"static {domain}")
     _ok(led, "finding/static-linear", found)
+
+
+@pytest.mark.xfail(strict=True, reason="NEW (adversary): a softmax row holding +inf is NaN, not bounded")
+def test_softmax_of_an_overflowed_row() -> None:
+    """fp16 stores 70000 as +inf (and an fp16 MatMul's logits may overflow to +inf: QK^T in
+    attention); a softmax row holding +inf is inf - inf = NaN in torch, onnxruntime and every
+    program that subtracts its row max. Certified: inference values in [-3e-8, 2.0], drift
+    +-1.008 (found by the campaign, kind 'large', spec e5m2_any_fp16)."""
+    from onnx import helper
+
+    from tests.soundness.adversarial.harness import chain_model
+
+    led = Ledger()
+    f16 = spec(compute="fp16", accumulate="fp32")
+    sm = node_model("Softmax", [("x", (1, 2, 4))], {"axis": -1}, opset=13)
+    x = np.array([[[70000, 1, 2, 3], [-70000, 1, 2, 3]]], np.float32)
+    found = attack(led, "finding/softmax-inf", sm, TRAIN, f16, {"x": x},
+                   [(Program(TRAIN), Program(f16))], domain="best")
+    w = np.full((2, 4), 300.0, np.float32)  # logits up to 2 * 40000 * 300: beyond fp16
+    nodes = [helper.make_node("MatMul", ["q", "w"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    attn = chain_model(nodes, [("q", (1, 2)), ("w", w)], ["y"], opset=13)
+    found += attack(led, "finding/softmax-inf", attn, TRAIN, f16,
+                    {"q": np.array([[200.0, 30.0]], np.float32)},
+                    [(Program(TRAIN), Program(f16))], domain="best")
+    _ok(led, "finding/softmax-inf", found)

@@ -39,7 +39,9 @@ class SplitCover(Rule):
     Checks: the graph is the certified model (its blocks are the model's segmentation, when the
     checker knows it); the leaves are rebuilt from R and the tree, so they cover R by
     construction (each cut splits a box into two closed halves sharing the cut); every leaf is
-    re-bounded by ``method`` from its box alone and must come out <= its claim; when the checker
+    re-bounded by ``method`` and must come out <= its claim (``chain`` replays the tree: each
+    node bounded from its box and the pre-activation boxes its parent certified, which hold on
+    the node since it is a subset; the engine's methods bound each leaf alone); when the checker
     knows the slice's inputs (ctx.input_region), every one of them lies in R. Conclusion: one
     bound for the region, ``{quantity: linf_drift, direction: upper, tensor, slice, bounds:
     [max claim]}``.
@@ -71,7 +73,7 @@ class SplitCover(Rule):
         from kcverify.regions.split import leaves_of
 
         try:
-            p_lo, p_hi = leaves_of(lo, hi, tree)
+            p_lo, _ = leaves_of(lo, hi, tree)
         except ValueError as e:
             raise RuleError(f"split-cover: params.tree: {e}") from None
         claims = np.array(unfx_list(params["claims"], "split-cover params.claims"))
@@ -89,7 +91,7 @@ class SplitCover(Rule):
         if [v.name for v in graph.outputs] != [tensor]:
             raise RuleError(f"split-cover: the model's outputs are "
                             f"{[v.name for v in graph.outputs]}, not [{tensor!r}]")
-        got = _rebound(graph, params, method, p_lo, p_hi)
+        got = _rebound(graph, params, method, lo, hi, tree)
         bad = np.flatnonzero(~(got <= claims))
         if len(bad):
             k = int(bad[0])
@@ -137,8 +139,8 @@ def _graph(params: dict[str, Any], ctx: RuleContext) -> Any:
 
 
 def _rebound(graph: Any, params: dict[str, Any], method: str, lo: np.ndarray,
-             hi: np.ndarray) -> np.ndarray:
-    """Each part's L-inf drift bound, re-computed from its box alone."""
+             hi: np.ndarray, tree: list[int]) -> np.ndarray:
+    """Each leaf's L-inf drift bound, re-computed (kcverify.regions.plan.tree_bounds)."""
     from kcverify.certs.smt_rule import spec_from_canonical
 
     kernels = params["kernels"]
@@ -152,15 +154,15 @@ def _rebound(graph: Any, params: dict[str, Any], method: str, lo: np.ndarray,
     shape = params["shape"]
     if not isinstance(shape, list) or not all(isinstance(d, int) and d > 0 for d in shape):
         raise RuleError("split-cover: params.shape must list positive dimensions")
-    if int(np.prod(shape)) != lo.shape[1]:
+    if int(np.prod(shape)) != lo.size:
         raise RuleError("split-cover: params.shape does not match the region's size")
     from kcverify.regions.chain import one_thread
-    from kcverify.regions.plan import part_bounds
+    from kcverify.regions.plan import tree_bounds
 
     try:
         with one_thread():
-            return part_bounds(graph, train, inf, method, str(params["input"]), tuple(shape),
-                               lo, hi, batch=BATCH)
+            return tree_bounds(graph, train, inf, method, str(params["input"]), tuple(shape),
+                               lo, hi, tree, batch=BATCH)
     except RuleError:
         raise
     except Exception as e:  # noqa: BLE001 - a part the method cannot bound has no bound

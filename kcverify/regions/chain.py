@@ -312,6 +312,19 @@ class Bounds:
     trace: list[dict[str, Any]] = field(default_factory=list)  # per step: its input's boxes
     input_err: list[torch.Tensor] = field(default_factory=list)  # storage error per kernel
 
+    def intermediates(self, steps: tuple[Step, ...]) -> torch.Tensor:
+        """Every ReLU's pre-activation boxes: (batch, relus, channels, n), channels the value
+        box of each kernel (lo, hi), then the drift box when there is one (``bound(prior=)``)."""
+        out = []
+        for st, tr in zip(steps, self.trace):
+            if st.kind != "relu":
+                continue
+            ch = [v for k in range(len(tr["lo"])) for v in (tr["lo"][k], tr["hi"][k])]
+            if tr["dlo"] is not None:
+                ch += [tr["dlo"], tr["dhi"]]
+            out.append(torch.stack(ch, 1))
+        return torch.stack(out, 1)
+
     def linf(self) -> torch.Tensor:
         """Per box: max over the outputs of |drift| (inf where a program may overflow)."""
         assert self.dlo is not None and self.dhi is not None
@@ -426,8 +439,12 @@ class ChainBounds:
         return _up((r * (1 + 1e-12)) * mag + eta)
 
     def bound(self, lo: torch.Tensor | np.ndarray, hi: torch.Tensor | np.ndarray,
-              drift: bool = True) -> Bounds:
-        """Bounds for the boxes [lo_b, hi_b] (batch, n_in) of the raw (real-valued) input."""
+              drift: bool = True, prior: torch.Tensor | np.ndarray | None = None) -> Bounds:
+        """Bounds for the boxes [lo_b, hi_b] (batch, n_in) of the raw (real-valued) input.
+
+        ``prior``: pre-activation boxes already certified for supersets of the boxes (a split's
+        parent: ``Bounds.intermediates()`` of it), met with this run's at every ReLU, so a part
+        inherits what its parent proved about each neuron."""
         lo = torch.as_tensor(lo, dtype=F64, device=self.dev).reshape(len(lo), -1)
         hi = torch.as_tensor(hi, dtype=F64, device=self.dev).reshape(len(hi), -1)
         if lo.shape[1] != self.chain.n_in or hi.shape != lo.shape:
@@ -458,11 +475,19 @@ class ChainBounds:
             dlo, dhi = box.lower(Dl), box.upper(Du)
         trace: list[dict[str, Any]] = []
         partial = Bounds(box, lo_k, hi_k, L, U, dlo, dhi, Dl, Du, overflow, trace, errs)
+        relaxed = False  # before the first ReLU the forms are exact: nothing to tighten
+        if prior is not None:
+            prior = torch.as_tensor(prior, dtype=F64, device=self.dev)
+        layer = 0
         for j, st in enumerate(self.chain.steps):
-            if st.kind == "relu" and self.crown and j > 0:
+            if st.kind == "relu" and prior is not None:
+                lo_k, hi_k, dlo, dhi = _meet_prior(prior[:, layer], lo_k, hi_k, dlo, dhi, want_d)
+            if st.kind == "relu" and self.crown and relaxed:
                 lo_k, hi_k, dlo, dhi = self._tighten(partial, j, lo_k, hi_k, dlo, dhi, want_d)
+            relaxed = relaxed or st.kind == "relu"
             trace.append({"lo": list(lo_k), "hi": list(hi_k), "dlo": dlo, "dhi": dhi})
             if st.kind == "relu":
+                layer += 1
                 if want_d:
                     Dl, Du, dlo, dhi = self._relu_drift(box, L, U, lo_k, hi_k, Dl, Du, dlo, dhi)
                 for k in range(K):
@@ -490,30 +515,31 @@ class ChainBounds:
                  want_d: bool) -> tuple:
         """Pre-activation boxes of step j met with back-substitution over steps < j (CROWN's
         intermediate bounds) for the neurons whose relaxation they decide (unstable in some
-        kernel): the training value, then the drift, then the inference value from both."""
+        kernel): the training value, then the drift, then the inference value from both. One
+        objective row per (box, neuron) pair that needs it: the boxes' other neurons cost
+        nothing."""
         lo, hi = list(lo), list(hi)
         unst = torch.zeros_like(lo[0], dtype=torch.bool)
         for k in range(len(lo)):
             unst |= (lo[k] < 0) & (hi[k] > 0)
-        q = int(unst.sum(-1).max())
-        if q == 0:
+        box_i, neu_i = torch.nonzero(unst, as_tuple=True)
+        if len(box_i) == 0:
             return lo, hi, dlo, dhi
-        idx = torch.topk(unst.to(F64), q, dim=-1).indices  # (B, q), distinct neurons
-        valid = torch.gather(unst, 1, idx)
-        C = torch.nn.functional.one_hot(idx, lo[0].shape[1]).to(F64) * valid[..., None]
-        C2 = torch.cat([C, -C], 1)
+        n = lo[0].shape[1]
+        C = torch.nn.functional.one_hot(neu_i, n).to(F64)[:, None, :]
+        C2 = torch.cat([C, -C], 1)  # (pairs, 2, n): upper, then minus lower
+        sub = _rows(r, box_i, j, self)
 
         def meet(l_: torch.Tensor, h_: torch.Tensor, res: torch.Tensor) -> tuple:
-            up, low = res[:, :q], -res[:, q:]
-            gl, gh = torch.gather(l_, 1, idx), torch.gather(h_, 1, idx)
-            nl = torch.where(valid, torch.maximum(gl, low), gl)
-            nh = torch.where(valid, torch.minimum(gh, up), gh)
-            return l_.scatter(1, idx, nl), h_.scatter(1, idx, nh)
+            l_, h_ = l_.clone(), h_.clone()
+            l_[box_i, neu_i] = torch.maximum(l_[box_i, neu_i], -res[:, 1])
+            h_[box_i, neu_i] = torch.minimum(h_[box_i, neu_i], res[:, 0])
+            return l_, h_
         K = len(self.kernels)
         for k in range(1 if want_d else K):
-            lo[k], hi[k] = meet(lo[k], hi[k], backward_value(self, r, k, C2, j))
+            lo[k], hi[k] = meet(lo[k], hi[k], backward_value(self, sub, k, C2, j))
         if want_d and self.crown_drift:
-            dlo, dhi = meet(dlo, dhi, backward_drift(self, r, C2, j))
+            dlo, dhi = meet(dlo, dhi, backward_drift(self, sub, C2, j))
         if want_d:
             lo[1] = torch.maximum(lo[1], _dn(lo[0] + dlo))
             hi[1] = torch.minimum(hi[1], _up(hi[0] + dhi))
@@ -664,6 +690,43 @@ class ChainBounds:
         return low, up, torch.maximum(box.lower(low), clo), torch.minimum(box.upper(up), chi)
 
 
+def _meet_prior(p: torch.Tensor, lo: list, hi: list, dlo: Any, dhi: Any, want_d: bool) -> tuple:
+    """Meet the boxes with inherited ones p (batch, channels, n) (Bounds.intermediates)."""
+    lo, hi = list(lo), list(hi)
+    for k in range(len(lo)):
+        lo[k] = torch.maximum(lo[k], p[:, 2 * k])
+        hi[k] = torch.minimum(hi[k], p[:, 2 * k + 1])
+    if want_d and p.shape[1] >= 2 * len(lo) + 2:
+        dlo = torch.maximum(dlo, p[:, 2 * len(lo)])
+        dhi = torch.minimum(dhi, p[:, 2 * len(lo) + 1])
+    return lo, hi, dlo, dhi
+
+
+def _rows(r: Bounds, idx: torch.Tensor, upto: int, cb: ChainBounds) -> Bounds:
+    """The bounds of boxes ``idx`` (with repetition: one row per objective) over steps < upto,
+    for back-substitution; the relaxations are computed once on the whole batch and gathered."""
+    def take(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v[idx] if v.dim() >= 1 and v.shape[0] == len(r.box.lo) else v
+        if isinstance(v, list | tuple):
+            return type(v)(take(x) for x in v)
+        return v
+    trace = []
+    for j in range(upto):
+        tr = r.trace[j]
+        if cb.chain.steps[j].kind == "relu":
+            for k in range(len(tr["lo"])):
+                if f"relax{k}" not in tr:
+                    tr[f"relax{k}"] = _relu_relax(tr["lo"][k], tr["hi"][k])
+            if len(tr["lo"]) == 2 and tr["dlo"] is not None and "relax_d" not in tr:
+                tr["relax_d"] = _drift_relax(tr["lo"][0], tr["hi"][0], tr["lo"][1], tr["hi"][1],
+                                             tr["dlo"], tr["dhi"])
+        trace.append({key: take(v) for key, v in tr.items()})
+    box = Box(r.box.lo[idx, :, 0], r.box.hi[idx, :, 0])
+    return Bounds(box, [], [], [], [], None, None, None, None, r.overflow[idx], trace,
+                  [take(e) for e in r.input_err])
+
+
 def _parts(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return W.clamp(min=0), W.clamp(max=0), W.abs()
 
@@ -778,7 +841,10 @@ def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
         lo, hi = tr["lo"][k], tr["hi"][k]
         amag = torch.maximum(lo.abs(), hi.abs())
         if st.kind == "relu":
-            su, iu, sl = _relu_relax(lo, hi)
+            key = f"relax{k}"  # fixed once the step's boxes are: computed once per bound()
+            if key not in tr:
+                tr[key] = _relu_relax(lo, hi)
+            su, iu, sl = tr[key]
             P, N = Lam.clamp(min=0), Lam.clamp(max=0)
             term = P * _at(iu)
             c = c + term.sum(-1)
@@ -830,8 +896,9 @@ def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None
         tmag = torch.maximum(lt.abs(), ht.abs())
         dmag = torch.maximum(dl.abs(), dh.abs())
         if st.kind == "relu":
-            (pu, qu, ru), (pl, ql, rl), (su, iu, sl) = _drift_relax(lt, ht, tr["lo"][1],
-                                                                   tr["hi"][1], dl, dh)
+            if "relax_d" not in tr:
+                tr["relax_d"] = _drift_relax(lt, ht, tr["lo"][1], tr["hi"][1], dl, dh)
+            (pu, qu, ru), (pl, ql, rl), (su, iu, sl) = tr["relax_d"]
             Pt, Nt = Lt.clamp(min=0), Lt.clamp(max=0)
             Pd, Nd = Ld.clamp(min=0), Ld.clamp(max=0)
             term = Pt * _at(iu) + Pd * _at(ru) + Nd * _at(rl)

@@ -46,26 +46,27 @@ def _method(graph: Any, train: Any, inf: Any, device: str) -> tuple[str, ChainBo
         return "engine:interval", None
 
 
-def part_bounds(graph: Any, train: Any, inf: Any, method: str, name: str, shape: tuple,
-                lo: np.ndarray, hi: np.ndarray, batch: int = 512, device: str = "cpu"
-                ) -> np.ndarray:
-    """Per part [lo_k, hi_k] (flattened input): the L-inf drift bound of ``method`` (what a
-    split-cover certificate claims, re-computed)."""
-    out = np.empty(len(lo))
+def tree_bounds(graph: Any, train: Any, inf: Any, method: str, name: str, shape: tuple,
+                lo: np.ndarray, hi: np.ndarray, tree: list[int], batch: int = 512,
+                device: str = "cpu") -> np.ndarray:
+    """Each leaf's L-inf drift bound (preorder) as the split computed it (what a split-cover
+    certificate claims, re-computed): the chain domain replays the tree, every node from its box
+    and its parent's certified intermediate boxes; the engine's domains bound each leaf alone."""
+    from kcverify.regions.split import leaves_of, replay
+
     if method == "chain":
         cb = ChainBounds(extract_chain(graph), train, inf, device=device)
-        obj = DriftObjective(cb, 0.0, hi[0] - lo[0] if len(lo) else np.zeros(0))
-        for k in range(0, len(lo), batch):
-            with torch.no_grad():
-                out[k:k + batch] = obj.bounds(lo[k:k + batch], hi[k:k + batch]).amax(-1).cpu(
-                    ).numpy()
-        return out
+        obj = DriftObjective(cb, 0.0, hi - lo, margin=0.0)
+        with torch.no_grad():
+            return replay(lo, hi, tree, obj, batch)
+    p_lo, p_hi = leaves_of(lo, hi, tree)
+    out = np.empty(len(p_lo))
     domain = method.split(":", 1)[1]
-    eng = EngineObjective(graph, train, inf, name, shape, hi[0] - lo[0], domain=domain,
+    eng = EngineObjective(graph, train, inf, name, shape, hi - lo, domain=domain,
                           device=device)
-    for k in range(0, len(lo), batch):
-        box = eng.boxes(lo[k:k + batch], hi[k:k + batch])
-        n = min(batch, len(lo) - k)
+    for k in range(0, len(p_lo), batch):
+        box = eng.boxes(p_lo[k:k + batch], p_hi[k:k + batch])
+        n = min(batch, len(p_lo) - k)
         mag = np.maximum(np.abs(box.drift_lo), np.abs(box.drift_hi)).reshape(n, -1).max(axis=1)
         out[k:k + batch] = np.where(np.isnan(mag), np.inf, mag)
     return out

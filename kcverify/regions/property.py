@@ -60,10 +60,14 @@ class DriftObjective:
     falsify: Falsifier | None = None
     margin: float = 2.0 ** -20  # proved parts keep this relative slack for re-checking
 
-    def bounds(self, lo: np.ndarray, hi: np.ndarray, coefficients: list | None = None
-               ) -> torch.Tensor:
-        """Per part, per output: the certified |drift| bound (batch, n_out), float64."""
-        r = self.cb.bound(lo, hi)
+    def bounds(self, lo: np.ndarray, hi: np.ndarray, coefficients: list | None = None,
+               prior: Any = None, inter: list | None = None) -> torch.Tensor:
+        """Per part, per output: the certified |drift| bound (batch, 2 n_out: upper bounds of
+        the drift, then of minus the drift), float64; ``prior``/``inter``: inherited and
+        resulting intermediate boxes (ChainBounds.bound)."""
+        r = self.cb.bound(lo, hi, prior=prior)
+        if inter is not None:
+            inter.append(r.intermediates(self.cb.chain.steps))
         n = self.cb.chain.n_out
         eye = torch.eye(n, dtype=F64, device=self.cb.dev).expand(len(lo), n, n)
         res = backward_drift(self.cb, r, torch.cat([eye, -eye], 1), coefficients=coefficients)
@@ -73,9 +77,10 @@ class DriftObjective:
         bad = r.overflow | ~torch.isfinite(mag).all(-1)
         return torch.where(bad[:, None], torch.full_like(mag, math.inf), mag)
 
-    def evaluate(self, lo: np.ndarray, hi: np.ndarray) -> PartEval:
+    def evaluate(self, lo: np.ndarray, hi: np.ndarray, prior: Any = None) -> PartEval:
         co: list = []
-        mag = self.bounds(lo, hi, co)
+        inter: list = []
+        mag = self.bounds(lo, hi, co, prior, inter)
         v = mag.amax(-1)
         value = (v * (1 + self.margin)).cpu().numpy()
         proved = value < self.eps if self.strict else value <= self.eps
@@ -85,7 +90,7 @@ class DriftObjective:
         cex = None
         if self.falsify is not None and not proved.all():
             cex = self.falsify(lo[~proved], hi[~proved])
-        return PartEval(proved, value, dims, cex)
+        return PartEval(proved, value, dims, cex, inter[0].cpu().numpy())
 
 
 class AtomTable:
@@ -162,10 +167,13 @@ class PropertyObjective:
     def __post_init__(self) -> None:
         self.table = AtomTable(self.case, self.cb.chain.n_out)
 
-    def lower_bounds(self, lo: np.ndarray, hi: np.ndarray, coefficients: list | None = None
+    def lower_bounds(self, lo: np.ndarray, hi: np.ndarray, coefficients: list | None = None,
+                     prior: Any = None, inter: list | None = None
                      ) -> tuple[np.ndarray, np.ndarray]:
         """Per part, per atom: a lower bound of c . Y; and the overflow mask."""
-        r = self.cb.bound(lo, hi, drift=False)
+        r = self.cb.bound(lo, hi, drift=False, prior=prior)
+        if inter is not None:
+            inter.append(r.intermediates(self.cb.chain.steps))
         B = len(lo)
         C = torch.as_tensor(self.table.C, dtype=F64, device=self.cb.dev).expand(B, -1, -1)
         back = -backward_value(self.cb, r, self.kernel, -C, coefficients=coefficients)
@@ -184,9 +192,10 @@ class PropertyObjective:
         low = torch.where(bad[:, None], torch.full_like(low, -math.inf), low)
         return low.cpu().numpy(), bad.cpu().numpy()
 
-    def evaluate(self, lo: np.ndarray, hi: np.ndarray) -> PartEval:
+    def evaluate(self, lo: np.ndarray, hi: np.ndarray, prior: Any = None) -> PartEval:
         co: list = []
-        low, _ = self.lower_bounds(lo, hi, co)
+        inter: list = []
+        low, _ = self.lower_bounds(lo, hi, co, prior, inter)
         proved, value, per, arg = self.table.decide(low)
         hard = np.argmax(per, axis=1)  # the disjunct furthest from impossible
         atom = arg[np.arange(len(lo)), hard]
@@ -195,7 +204,7 @@ class PropertyObjective:
         cex = None
         if self.falsify is not None and not proved.all():
             cex = self.falsify(lo[~proved], hi[~proved])
-        return PartEval(proved, value, dims, cex)
+        return PartEval(proved, value, dims, cex, inter[0].cpu().numpy())
 
 
 @dataclass
@@ -229,7 +238,7 @@ class EngineObjective:
                             input_bounds={self.input: (lo.reshape(sh), hi.reshape(sh))})
         return res.outputs[self.graph.outputs[0].name]
 
-    def evaluate(self, lo: np.ndarray, hi: np.ndarray) -> PartEval:
+    def evaluate(self, lo: np.ndarray, hi: np.ndarray, prior: Any = None) -> PartEval:
         box = self.boxes(lo, hi)
         B = len(lo)
         if self.case is None:

@@ -8,8 +8,10 @@
     out.tree             # the bisection tree (split dimension per node, -1 for a leaf)
 
 An *objective* bounds a batch of boxes at once (one tensor program, the batch axis of the
-bound domain; ``Objective.evaluate(lo, hi) -> PartEval``): per part whether the clause holds on
-it, the certified value (e.g. the L-inf drift bound), and the input dimension to split next.
+bound domain; ``Objective.evaluate(lo, hi, prior) -> PartEval``): per part whether the clause
+holds on it, the certified value (e.g. the L-inf drift bound), the input dimension to split
+next, and what its children inherit (``inherit``: the certified pre-activation boxes of every
+ReLU, valid on any subset of the part; a child's run meets its own boxes with them).
 The driver keeps a stack of open parts; each round it bounds up to ``batch`` of them together,
 keeps the proved ones as leaves and bisects the others on their chosen dimension. It stops when
 every part is proved (verdict proved: the leaves partition the box and each is proved), when the
@@ -45,10 +47,11 @@ class PartEval:
     value: np.ndarray  # float: the certified value on the part (inf: none)
     split_dim: np.ndarray  # int
     counterexample: Any = None  # a confirmed counterexample, when the objective found one
+    inherit: np.ndarray | None = None  # per part, what its children may start from (prior)
 
 
 class Objective(Protocol):
-    def evaluate(self, lo: np.ndarray, hi: np.ndarray) -> PartEval: ...
+    def evaluate(self, lo: np.ndarray, hi: np.ndarray, prior: Any = None) -> PartEval: ...
 
 
 @dataclass
@@ -84,6 +87,81 @@ def bisect(lo: np.ndarray, hi: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, n
     idx = np.arange(len(d))
     a, b = lo[idx, d], hi[idx, d]
     return np.clip(a + 0.5 * (b - a), a, b), idx
+
+
+@dataclass
+class TreeNodes:
+    """The nodes of a bisection tree in preorder: boxes, parent (-1 at the root), depth, and
+    whether each is a leaf."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    parent: np.ndarray
+    depth: np.ndarray
+    leaf: np.ndarray
+
+
+def tree_nodes(lo: np.ndarray, hi: np.ndarray, tree: list[int]) -> TreeNodes:
+    """Every node of a bisection tree over [lo, hi] (``bisect``), preorder; ValueError when the
+    tree is malformed (a dimension out of range, missing or extra nodes)."""
+    lo = np.asarray(lo, dtype=np.float64)
+    hi = np.asarray(hi, dtype=np.float64)
+    n_lo, n_hi, parent, depth, leaf = [], [], [], [], []
+    stack = [(lo, hi, -1, 0)]
+    pos = 0
+    while stack:
+        if pos >= len(tree):
+            raise ValueError("the tree ends before every part is a leaf")
+        a, b, par, dep = stack.pop()
+        d = tree[pos]
+        if not isinstance(d, int) or isinstance(d, bool) or d < -1 or d >= len(lo):
+            raise ValueError(f"tree entry {pos}: {d!r} is neither -1 nor a dimension")
+        me = pos
+        pos += 1
+        n_lo.append(a)
+        n_hi.append(b)
+        parent.append(par)
+        depth.append(dep)
+        leaf.append(d == -1)
+        if d == -1:
+            continue
+        mid, _ = bisect(a[None], b[None], np.array([d]))
+        left_hi, right_lo = b.copy(), a.copy()
+        left_hi[d] = right_lo[d] = mid[0]
+        stack.append((right_lo, b, me, dep + 1))
+        stack.append((a, left_hi, me, dep + 1))
+    if pos != len(tree):
+        raise ValueError(f"the tree has {len(tree) - pos} entries after its last leaf")
+    k = len(lo)
+    return TreeNodes(np.array(n_lo).reshape(-1, k), np.array(n_hi).reshape(-1, k),
+                     np.array(parent), np.array(depth), np.array(leaf, dtype=bool))
+
+
+def replay(lo: np.ndarray, hi: np.ndarray, tree: list[int], objective: Objective,
+           batch: int = 512) -> np.ndarray:
+    """Each leaf's value (preorder) as the split computed it: every node bounded from its box
+    and what its parent passed down (``PartEval.inherit``), level by level. What a certificate
+    checker re-runs."""
+    nodes = tree_nodes(lo, hi, tree)
+    values = np.full(len(nodes.lo), INF)
+    inherit: dict[int, np.ndarray] = {}
+    for dep in range(int(nodes.depth.max()) + 1 if len(nodes.depth) else 0):
+        ids = np.flatnonzero(nodes.depth == dep)
+        for k in range(0, len(ids), batch):
+            chunk = ids[k:k + batch]
+            par = nodes.parent[chunk]
+            prior = None
+            if dep > 0 and all(int(q) in inherit for q in par):
+                prior = np.stack([inherit[int(q)] for q in par])
+            ev = objective.evaluate(nodes.lo[chunk], nodes.hi[chunk], prior=prior)
+            values[chunk] = ev.value
+            if ev.inherit is not None:
+                for i, node in enumerate(chunk):
+                    if not nodes.leaf[node]:
+                        inherit[int(node)] = np.asarray(ev.inherit[i])
+        for q in {int(q) for q in nodes.parent[ids] if q >= 0}:
+            inherit.pop(q, None)  # a level's parents are no longer needed
+    return values[nodes.leaf]
 
 
 def leaves_of(lo: np.ndarray, hi: np.ndarray, tree: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -145,6 +223,7 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
     # the stack of open parts with the certified value of their parent (inf at the root)
     st_lo, st_hi, st_val = [lo[None]], [hi[None]], [np.array([INF])]
     st_id = [np.array([0])]
+    st_pay: list[np.ndarray] | None = None  # inherited boxes per open part (once known)
     split_of: dict[int, tuple[int, int, int]] = {}  # node -> (dimension, left, right)
     leaf_of: dict[int, Leaf] = {}
     next_id = 1
@@ -170,7 +249,11 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
         b_lo, b_hi, b_id = P_lo[-take:], P_hi[-take:], P_id[-take:]  # last in, first out
         st_lo, st_hi, st_val, st_id = [P_lo[:-take]], [P_hi[:-take]], [P_val[:-take]], \
             [P_id[:-take]]
-        ev = objective.evaluate(b_lo, b_hi)
+        prior = None
+        if st_pay is not None:
+            P_pay = np.concatenate(st_pay)
+            prior, st_pay = P_pay[-take:], [P_pay[:-take]]
+        ev = objective.evaluate(b_lo, b_hi, prior=prior)
         bounded += take
         rounds += 1
         if ev.counterexample is not None:
@@ -180,6 +263,8 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
             st_hi.append(b_hi)
             st_val.append(np.full(take, INF))
             st_id.append(b_id)
+            if st_pay is not None and prior is not None:
+                st_pay.append(prior)
             break
         own = np.asarray(ev.value, dtype=np.float64)
         val = np.minimum(own, P_val[-take:])
@@ -190,6 +275,7 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
             leaf_of[int(b_id[k])] = leaf
         proved_vol += float(_volume(b_lo[ok], b_hi[ok], live).sum()) if ok.any() else 0.0
         o_lo, o_hi, o_val, o_id = b_lo[~ok], b_hi[~ok], val[~ok], b_id[~ok]
+        o_pay = None if ev.inherit is None else np.asarray(ev.inherit)[~ok]
         if len(o_lo) == 0:
             continue
         d = np.asarray(ev.split_dim, dtype=np.int64)[~ok]
@@ -206,6 +292,7 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
                 leaf_of[int(o_id[k])] = leaf
             keep = ~stuck
             o_lo, o_hi, o_val, o_id, d = o_lo[keep], o_hi[keep], o_val[keep], o_id[keep], d[keep]
+            o_pay = None if o_pay is None else o_pay[keep]
             if not len(d):
                 continue
         mid, idx = bisect(o_lo, o_hi, d)
@@ -222,6 +309,13 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
         st_hi.append(np.concatenate([left_hi, o_hi]))
         st_val.append(np.concatenate([o_val, o_val]))
         st_id.append(np.concatenate([left_id, right_id]))
+        if o_pay is not None:
+            if st_pay is None:  # the first payload: everything before it inherits nothing
+                st_pay = [np.full((sum(len(a) for a in st_lo) - 2 * len(d), *o_pay.shape[1:]),
+                                  np.nan)]
+                st_pay[0][..., 0::2, :] = -INF
+                st_pay[0][..., 1::2, :] = INF
+            st_pay.append(np.concatenate([o_pay, o_pay]))
         if progress is not None and rounds % 20 == 0:
             progress(f"split: {bounded} parts bounded, {pending()} open, "
                      f"{proved_vol / vol0 if vol0 else 0:.1%} of the volume proved")

@@ -92,6 +92,17 @@ class DriftResult:
     unstable_casts: np.ndarray | None = None
 
 
+def refuse_second_graph(train: KernelSpec, inf: KernelSpec) -> None:
+    """A kernel given as a second ONNX graph (``onnx:``, e.g. QDQ) is not the graph the engine
+    walks: bounding it as the first graph under the plain spec would certify the wrong kernel.
+    The joint graph of both (kcverify.bounds.qdq_graph.bound_problem) is what to bound."""
+    for spec in (train, inf):
+        if spec.onnx is not None:
+            raise BoundError(f"kernel {spec.name!r} is given as a second ONNX graph "
+                             f"({spec.onnx}); bound the joint graph of the model and that graph "
+                             "(kcverify.bounds.qdq_graph.bound_problem), not the model alone")
+
+
 def _rule_domain(domain: str) -> str:
     if domain not in DOMAIN_NAMES:
         raise BoundError(f"unknown bound domain {domain!r}; expected one of {', '.join(DOMAIN_NAMES)}")
@@ -374,6 +385,7 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
     """Bound one block (kcverify.models.blocks.Block, or anything with .graph and .outputs)
     from the DiffBoxes of its inputs; returns the DiffBoxes of its outputs. Deterministic: the
     checker re-runs it and checks recomputed within stored."""
+    refuse_second_graph(train_spec, inf_spec)
     g: Graph = block.graph
     dev = torch.device(device)
     concrete_inputs = {n for n, d in in_state.items() if _is_int(g, n)}
@@ -506,6 +518,7 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
     for every input in the region around each, or in the explicit boxes ``input_bounds``:
     name -> (lo, hi), e.g. a VNN-LIB property's input box). See the module docstring."""
     t0 = time.perf_counter()
+    refuse_second_graph(train_spec, inf_spec)
     load_rules()
     _rule_domain(domain)
     dev = torch.device(device)

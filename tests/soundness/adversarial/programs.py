@@ -18,6 +18,8 @@ the spec leaves open, taken adversarially:
   products of the dequantised values (s_a q_a)(s_b q_b); per-block scales promote each block's
   partial sum before the blocks are summed;
 * ``sat``: an fp8 cast of a value beyond the format saturates (satfinite) or gives NaN;
+* ``trace``: a list that records every activation cast (format, q, s) in execution order, for
+  checking a "stable cast" claim (test_stable_casts.py);
 * ``sm_form`` / ``ln_form`` / ``gelu_form``: the decomposition. Row sums inside Softmax and
   LayerNorm are sums in the accumulator format in ``row_order``, stored in the compute format
   within ulps("reduce") (the spec since issue 11); Softmax divides by the sum (``two_pass``) or
@@ -73,6 +75,8 @@ class Program:
     per_sample: str = "whole"
     seed: int = 0
     label: str = ""
+    # when a list: every activation cast appends (format name, q, s) (test_stable_casts)
+    trace: list | None = None
 
     @property
     def C(self) -> Fmt:
@@ -249,7 +253,10 @@ class Program:
         if cs.format.kind == "int":  # symmetric integer steps (weights only)
             qmax = float(cs.format.max_finite)
             return np.clip(np.rint(x / s), -qmax, qmax), s, blk
-        return self.cast(x, cs, s, rounding), s, blk
+        q = self.cast(x, cs, s, rounding)
+        if self.trace is not None and not const:
+            self.trace.append((cs.format.name, q, np.broadcast_to(s, q.shape)))
+        return q, s, blk
 
     def matmul(self, a: np.ndarray, b: np.ndarray, a_const: bool, b_const: bool) -> np.ndarray:
         """numpy.matmul semantics under the spec's casts, accumulation and rescaling."""

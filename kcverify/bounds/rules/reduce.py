@@ -8,7 +8,9 @@ accumulator (the compute format is no finer than it), |fl(sum) - sum| <= (n - 1)
 (Jeannerod & Rump 2013, any order, any n); otherwise gamma_n(u_acc) sum |x| + n eta_acc (every
 term rounded on entry). Every partial sum is bounded the same way (``partial_overflow``): where
 one may exceed the accumulator's range the sum has no bound (inf), even if the exact sum is in
-range (fp16: 40000 + 40000 = inf before - 40000). A mean adds one division. Drift: sum of drifts plus both kernels'
+range (fp16: 40000 + 40000 = inf before - 40000). The sum is then stored in the compute format,
+where it may overflow too (fp16: a row summing to 90000 is inf, and so its mean), and a mean
+divides that stored sum by n (one more rounding). Drift: sum of drifts plus both kernels'
 errors. Max/min are monotone selections (1-Lipschitz in L-inf): drift within [min dl, max dh]
 of the reduced group.
 """
@@ -76,10 +78,11 @@ def _reduce_sum(ctx: RuleCtx, x: Box, dims: tuple[int, ...], keep: bool, mean: b
         k, a = row_sum_factor(spec, n)  # any order in the accumulator; ctx.round adds the rest
         acc = k * mag(lo, hi).sum(dims, keepdim=keep) * (1 + (n + 4) * 2.0**-52) + a
         s_lo, s_hi = s_lo - acc, s_hi + acc
-        if mean:
-            s_lo, s_hi = s_lo / n, s_hi / n
-            acc = acc / n
-        lo2, hi2, r = ctx.round(spec, "reduce", s_lo, s_hi, steps=2 if mean else 1)
+        # the sum is stored in the compute format (it may overflow there: inf, and so the mean)
+        lo2, hi2, r = ctx.round(spec, "reduce", s_lo, s_hi)
+        if mean:  # then one division of the stored sum: |m - S/n| <= r_div + (acc + r) / n
+            lo2, hi2, r_div = ctx.round(spec, "div", lo2 / n, hi2 / n)
+            acc, r = acc / n, r / n + r_div
         pos = hi.clamp_min(0.0).sum(dims, keepdim=keep)
         neg = (-lo).clamp_min(0.0).sum(dims, keepdim=keep)
         over = partial_overflow(spec, n, pos, neg)

@@ -29,8 +29,12 @@ import math
 import torch
 
 from kcverify.bounds.box import imul, mag, mig, pad_hi, pad_lo
+from kcverify.kernels.cast import round_to_format
 from kcverify.kernels.formats import Format
+from kcverify.kernels.scales import kind_of
 from kcverify.kernels.spec import CastSpec
+
+INF = float("inf")
 
 SCALE_SLACK = 2.0**-21  # relative: fp32 rounding of amax/max_finite and of a/s, with margin
 _EXP_MASK = 0x7FF0000000000000  # float64 exponent bits
@@ -154,34 +158,28 @@ def _group_amax(lo: torch.Tensor, hi: torch.Tensor, dims: tuple[int, ...]
 UNKNOWN = "unknown"  # a sample axis the engine cannot tell (kcverify.models.blocks.sample_axes)
 
 
-def activation_scale_bounds(lo: torch.Tensor, hi: torch.Tensor, cs: CastSpec, side: str,
-                            sample_axis: int | str | None = 0, batch: int | None = None
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[s_lo, s_hi] of the activation scale of every element (broadcastable to lo), for
-    ``cs.scale`` in none / static / dynamic_per_tensor / dynamic_per_token (see the module doc
-    for ``sample_axis``: an axis, None for no sample axis, UNKNOWN)."""
-    one = torch.ones([1] * lo.dim(), dtype=lo.dtype, device=lo.device)
-    if cs.scale == "none":
-        return one, one
-    if cs.scale == "static":
-        v = float(cs.value or 1.0)
-        return one * v, one * v
-    if cs.scale == "dynamic_per_token":
-        kdim = lo.dim() - 1 if side == "left" else lo.dim() - 2
-        return scale_of(*_group_amax(lo, hi, (kdim,)), cs)
-    if cs.scale != "dynamic_per_tensor":
-        raise ValueError(f"no per-element scale bounds for {cs.scale!r}")
+def sample_amax(lo: torch.Tensor, hi: torch.Tensor, sample_axis: int | str | None = 0,
+                batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[amax_lo, amax_hi] of each element's per-sample group (broadcastable to lo): all axes but
+    ``sample_axis`` (see the module doc: an axis, None for no sample axis, UNKNOWN)."""
     everything = tuple(range(lo.dim())) if lo.dim() else ()
     if isinstance(sample_axis, int) and not isinstance(sample_axis, bool) and lo.dim() > 1:
         a = sample_axis % lo.dim()
-        dims = tuple(d for d in range(lo.dim()) if d != a)
-        return scale_of(*_group_amax(lo, hi, dims), cs)
+        return _group_amax(lo, hi, tuple(d for d in range(lo.dim()) if d != a))
     if sample_axis is None or batch == 1 or lo.dim() <= 1:
-        return scale_of(*_group_amax(lo, hi, everything), cs)
+        return _group_amax(lo, hi, everything)
     # unknown sample axis with several samples: the element's group holds the element and lies
     # inside the operand
     _, a_hi = _group_amax(lo, hi, everything)
-    return scale_of(mig(lo, hi), a_hi.expand_as(lo), cs)
+    return mig(lo, hi), a_hi.expand_as(lo)
+
+
+def activation_scale_bounds(lo: torch.Tensor, hi: torch.Tensor, cs: CastSpec, side: str,
+                            sample_axis: int | str | None = 0, batch: int | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[s_lo, s_hi] of the activation scale of every element (broadcastable to lo): the scale
+    kind's own enclosure (kcverify.kernels.scales; Unsupported for a weight-only kind)."""
+    return kind_of(cs).interval(lo, hi, cs, side, sample_axis, batch)
 
 
 def activation_cast(lo: torch.Tensor, hi: torch.Tensor, cs: CastSpec, rounding: str,
@@ -192,28 +190,60 @@ def activation_cast(lo: torch.Tensor, hi: torch.Tensor, cs: CastSpec, rounding: 
     dynamic_per_tensor: one scale per sample (all axes but ``sample_axis``; see the module doc);
     dynamic_per_token: one per row (left) / column (right) over the reduction axis K;
     dynamic_per_block: blocks of ``block_size`` along K. static: the given scale; none: 1.
+    mx / nv: the kind's scale enclosure and a saturating cast (no relative model). ``ftz``: a
+    result that may be subnormal may be 0.
     """
     fmt = cs.format
-    if cs.scale in ("none", "static"):
-        s_lo, s_hi = activation_scale_bounds(lo, hi, cs, side)
-        return cast_image(lo, hi, s_lo, s_hi, fmt, rounding, deq_u)
-    if cs.scale in ("dynamic_per_tensor", "dynamic_per_token"):
-        s_lo, s_hi = activation_scale_bounds(lo, hi, cs, side, sample_axis, batch)
-        return cast_image(lo, hi, s_lo, s_hi, fmt, rounding, deq_u, dynamic=True)
-    if cs.scale == "dynamic_per_block":
+    kind = kind_of(cs)
+    if kind.name == "dynamic_per_block":
         kdim = lo.dim() - 1 if side == "left" else lo.dim() - 2
-        return _blocked(lo, hi, kdim, int(cs.block_size or 32),
-                        lambda x_lo, x_hi, d: cast_image(
-                            x_lo, x_hi, *scale_of(*_group_amax(x_lo, x_hi, (d,)), cs), fmt,
-                            rounding, deq_u, dynamic=True))
-    raise ValueError(f"unknown activation scale {cs.scale!r}")
+        out = _blocked(lo, hi, kdim, kind.k_block(cs),
+                       lambda x_lo, x_hi, d: cast_image(
+                           x_lo, x_hi, *scale_of(*_group_amax(x_lo, x_hi, (d,)), cs), fmt,
+                           rounding, deq_u, dynamic=True))
+        s_hi = block_scale_bounds(lo, hi, cs, side)[1] if cs.ftz else None
+    else:
+        s_lo, s_hi = kind.interval(lo, hi, cs, side, sample_axis, batch)
+        if kind.saturating:
+            out = saturating_image(lo, hi, s_lo, s_hi, fmt, rounding, deq_u)
+        else:
+            out = cast_image(lo, hi, s_lo, s_hi, fmt, rounding, deq_u,
+                             dynamic=kind.dynamic and kind.amax_based)
+    if cs.ftz:  # a value whose quotient may be subnormal may become 0
+        near = mig(lo, hi) < fmt.min_normal * s_hi * (1 + 4 * SCALE_SLACK)
+        out = (torch.where(near, out[0].clamp_max(0), out[0]),
+               torch.where(near, out[1].clamp_min(0), out[1]))
+    return out
+
+
+def saturating_image(lo: torch.Tensor, hi: torch.Tensor, s_lo: torch.Tensor, s_hi: torch.Tensor,
+                     fmt: Format, rounding: str, deq_u: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Enclosure of {s * sat(Q(a / s))} over a in [lo, hi], s in [s_lo, s_hi] (s >= 0; s = 0
+    gives 0) for a cast that saturates at +-max_finite (the MX / NVFP4 kinds: |a / s| may exceed
+    max_finite). For a fixed s the map is monotone in a, so the hull over t in hull(a / s) of the
+    rounded, clamped t times [s_lo, s_hi] encloses it. ``rounding: any``: both neighbours."""
+    s_lo = torch.as_tensor(s_lo, dtype=lo.dtype, device=lo.device).clamp_min(0)
+    s_hi = torch.as_tensor(s_hi, dtype=lo.dtype, device=lo.device)
+    inv_hi = torch.where(s_lo > 0, 1.0 / s_lo.clamp_min(1e-300), torch.full_like(s_lo, INF))
+    inv_lo = 1.0 / s_hi.clamp_min(1e-300)
+    t_lo, t_hi = imul(lo, hi, inv_lo, inv_hi)
+    t_lo = torch.nan_to_num(pad_lo(t_lo, SCALE_SLACK), nan=-INF)
+    t_hi = torch.nan_to_num(pad_hi(t_hi, SCALE_SLACK), nan=INF)
+    m = fmt.max_finite
+    t_lo, t_hi = t_lo.clamp(-m, m), t_hi.clamp(-m, m)
+    if rounding == "nearest":
+        q_lo, q_hi = rne(t_lo, fmt), rne(t_hi, fmt)
+    else:
+        q_lo, q_hi = round_to_format(t_lo, fmt, "down"), round_to_format(t_hi, fmt, "up")
+    e_lo, e_hi = imul(q_lo, q_hi, s_lo, s_hi)
+    return pad_lo(e_lo, 2 * deq_u + 1e-15), pad_hi(e_hi, 2 * deq_u + 1e-15)
 
 
 def block_scale_bounds(lo: torch.Tensor, hi: torch.Tensor, cs: CastSpec, side: str
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """[s_lo, s_hi] of a dynamic_per_block activation scale, per element (full shape)."""
     kdim = lo.dim() - 1 if side == "left" else lo.dim() - 2
-    return _blocked(lo, hi, kdim, int(cs.block_size or 32),
+    return _blocked(lo, hi, kdim, kind_of(cs).k_block(cs) or 32,
                     lambda x_lo, x_hi, d: tuple(
                         t.expand_as(x_lo) for t in scale_of(*_group_amax(x_lo, x_hi, (d,)), cs)))
 

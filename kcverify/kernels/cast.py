@@ -16,7 +16,8 @@ Every function here works on float64 torch tensors (any device) and is exact:
 * ``cast_to`` = s * cast_grid: exact in float64, since s has 24 significant bits and a format
   value at most 24.
 
-Overflow. Float8 casts saturate by default, as ONNX QuantizeLinear(saturate=1) and most FP8
+Overflow. The OCP MX element formats fp6 (e2m3, e3m2) and fp4 (e2m1) have no infinity and
+no NaN: their casts always saturate. Float8 casts saturate by default, as ONNX QuantizeLinear(saturate=1) and most FP8
 kernels do: a value rounding beyond the largest finite magnitude (448 for e4m3fn, 57344 for e5m2),
 and +-inf, become +-max. With ``saturate=False`` they follow the format: e4m3fn (no infinity)
 gives NaN, e5m2 / bf16 / fp16 / fp32 give +-inf under round-to-nearest (IEEE: round toward zero
@@ -126,19 +127,29 @@ def _overflow(x: torch.Tensor, r: torch.Tensor, fmt: Format, saturate: bool | No
     m = fmt.max_finite
     if fmt.kind == "int":
         return torch.clamp(r, -m, m)
-    if saturate is None:
-        saturate = fmt.bits == 8
+    if not (fmt.has_inf or fmt.has_nan):
+        saturate = True  # fp6 / fp4: nothing else to become
+    elif saturate is None:
+        saturate = fmt.bits <= 8
     over = (r.abs() > m) | torch.isinf(x)
     if not over.any():
         return r
     signed_max = torch.copysign(torch.full_like(r, m), x)
     if saturate:
         return torch.where(over, signed_max, r)
-    has_inf = fmt.name != "fp8_e4m3"
-    beyond = torch.copysign(torch.full_like(r, math.inf), x) if has_inf else torch.full_like(r, math.nan)
+    beyond = (torch.copysign(torch.full_like(r, math.inf), x) if fmt.has_inf
+              else torch.full_like(r, math.nan))
     # IEEE: rounding toward zero from beyond max stops at max; an infinite input stays infinite.
     stop = toward_zero & ~torch.isinf(x)
     return torch.where(over, torch.where(stop, signed_max, beyond), r)
+
+
+def flush_subnormals(q: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """Flush-to-zero: format values below the smallest normal magnitude become zero (sign kept),
+    what a kernel with FTZ casts does after rounding."""
+    if fmt.kind != "float":
+        return q
+    return torch.where(q.abs() < fmt.min_normal, q * 0.0, q)
 
 
 def cast_grid(t: torch.Tensor, fmt: Format | str, scale: float | torch.Tensor = 1.0,

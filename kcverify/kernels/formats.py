@@ -40,6 +40,25 @@ class Format:
     def smallest_subnormal(self) -> float:
         return 2.0 * self.eta
 
+    @property
+    def has_inf(self) -> bool:
+        """Whether the format encodes infinities (fp8 e4m3fn, fp6 and fp4 do not)."""
+        return self.kind == "float" and self.name not in NO_INF
+
+    @property
+    def has_nan(self) -> bool:
+        """Whether the format encodes NaN (the OCP MX fp6 / fp4 element formats do not: every
+        conversion to them saturates)."""
+        return self.kind == "float" and self.name not in NO_NAN
+
+    @property
+    def emax(self) -> int:
+        """The exponent of the largest normal number (OCP MX's emax_elem: e2m1 2, e2m3 2,
+        e3m2 4, e4m3 8, e5m2 15)."""
+        import math
+
+        return math.floor(math.log2(self.max_finite))
+
     def canonical(self) -> str:
         return self.name
 
@@ -62,15 +81,29 @@ FORMATS: dict[str, Format] = {
         Format("fp64", "float", 64, u=2.0**-53, max_finite=float.fromhex("0x1.fffffffffffffp+1023"),
                min_normal=2.0**-1022, eta=2.0**-1075, mantissa_bits=52, exponent_bits=11,
                ml_dtype="float64"),
+        # OCP Microscaling (MX) v1.0 element formats: no infinities and no NaN (saturating casts)
+        Format("fp6_e2m3", "float", 6, u=2.0**-4, max_finite=7.5, min_normal=1.0,
+               eta=2.0**-4, mantissa_bits=3, exponent_bits=2, ml_dtype="float6_e2m3fn"),
+        Format("fp6_e3m2", "float", 6, u=2.0**-3, max_finite=28.0, min_normal=0.25,
+               eta=2.0**-5, mantissa_bits=2, exponent_bits=3, ml_dtype="float6_e3m2fn"),
+        Format("fp4_e2m1", "float", 4, u=2.0**-2, max_finite=6.0, min_normal=1.0,
+               eta=0.25, mantissa_bits=1, exponent_bits=2, ml_dtype="float4_e2m1fn"),
         Format("int8", "int", 8, max_finite=127.0, ml_dtype="int8"),
         Format("int4", "int", 4, max_finite=7.0, ml_dtype="int4"),
     )
 }
 
+NO_INF = frozenset({"fp8_e4m3", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1"})
+NO_NAN = frozenset({"fp6_e2m3", "fp6_e3m2", "fp4_e2m1"})
+# formats a MatMul operand may be cast to but that no kernel computes or accumulates in
+ELEMENT_ONLY = frozenset({"fp6_e2m3", "fp6_e3m2", "fp4_e2m1"})
+
 ALIASES = {
     "e4m3": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3",
     "e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2", "bfloat16": "bf16", "float16": "fp16",
-    "half": "fp16", "float32": "fp32", "float": "fp32", "float64": "fp64", "double": "fp64",
+    "half": "fp16", "fp4": "fp4_e2m1", "e2m1": "fp4_e2m1", "float4_e2m1fn": "fp4_e2m1",
+    "fp6": "fp6_e2m3", "e2m3": "fp6_e2m3", "float6_e2m3fn": "fp6_e2m3", "e3m2": "fp6_e3m2",
+    "float6_e3m2fn": "fp6_e3m2", "float32": "fp32", "float": "fp32", "float64": "fp64", "double": "fp64",
 }
 
 

@@ -69,17 +69,17 @@ import torch.nn.functional as F
 from kcverify.errors import KcverifyError, KernelSpecError
 from kcverify.kernels.cast import (
     add_nearest,
-    cast_grid,
     mul_nearest,
     round_to_format,
 )
 from kcverify.kernels.formats import Format
-from kcverify.kernels.scale import activation_scale, weight_scale
-from kcverify.kernels.spec import CastSpec, KernelSpec
+from kcverify.kernels.scale import activation_scale, cast_values, weight_scale
+from kcverify.kernels.spec import MMA_GROUP, CastSpec, KernelSpec
 from kcverify.models.ir import Graph, Node
 
 ORDERS = ("sequential", "reverse", "pairwise", "chunked", "random", "sorted")
 ROUNDINGS = ("nearest", "up", "down", "random")
+IEEE_OPS = frozenset({"add", "mul", "div", "sqrt"})  # correctly rounded in a pinned kernel
 EXPLICIT_CAST_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 _F64 = torch.float64
 _TILE_ELEMS = 1 << 22  # products materialised at once (float64): 32 MiB
@@ -90,6 +90,7 @@ class _Operand:
     q: torch.Tensor  # cast values cast(x / s), float64
     s: torch.Tensor  # scales, broadcastable to q, float64
     block: int | None  # block size along the reduction axis when s varies along it
+    emin: int | None = None  # the cast format's least normal exponent (tensor-core alignment)
 
 
 def _seeded(seed: int, *key: str) -> torch.Generator:
@@ -104,7 +105,7 @@ class Realization:
 
     def __init__(self, spec: KernelSpec, seed: int = 0, order: str = "sequential",
                  chunk: int | None = None, rounding: str = "nearest", native: bool = True,
-                 sample_axes: Mapping[str, Any] | None = None) -> None:
+                 sample_axes: Mapping[str, Any] | None = None, split: int | None = None) -> None:
         if order not in ORDERS:
             raise KernelSpecError(f"unknown accumulation order {order!r}; expected one of {', '.join(ORDERS)}")
         if rounding not in ROUNDINGS:
@@ -119,6 +120,12 @@ class Realization:
         self.native = native  # use torch's own fp32/bf16/fp16 additions where they are exact
         self._weights: dict[tuple[str, int], tuple[torch.Tensor, _Operand]] = {}
         self.sample_axes = sample_axes
+        fam = spec.accumulation
+        if split is not None and split not in fam.split_k:
+            raise KernelSpecError(f"split {split} is not one of the spec's split_k {list(fam.split_k)}")
+        # one split-K configuration of the spec's set (seeded when not given)
+        self.split = split if split is not None else fam.split_k[
+            int(torch.randint(len(fam.split_k), (1,), generator=_seeded(self.seed, "split-k")))]
 
     def bind(self, graph: Graph) -> Realization:
         """Take the sample axis of every tensor of ``graph`` (per-sample scales on any layout)."""
@@ -139,7 +146,7 @@ class Realization:
 
     def __repr__(self) -> str:
         return (f"Realization({self.spec.name!r}, seed={self.seed}, order={self.order!r}, "
-                f"chunk={self.chunk}, rounding={self.rounding!r})")
+                f"chunk={self.chunk}, rounding={self.rounding!r}, split={self.split})")
 
     # --- operands ------------------------------------------------------------------------
     def _operand(self, node: Node, idx: int, x: torch.Tensor, role: str, side: str) -> _Operand:
@@ -160,7 +167,7 @@ class Realization:
         if cast is None:
             return _Operand(round_to_format(w, self.spec.compute), _ones(w), None)
         s = weight_scale(w, cast, out_axis, reduce_axis)
-        return _Operand(cast_grid(w, cast.format, s), s, _block(cast))
+        return _Operand(cast_values(w, cast, s), s, _block(cast), _emin(cast))
 
     def _cast_activation(self, node: Node, x: torch.Tensor, cast: CastSpec | None,
                          reduce_axis: int, sample_axis: Any = 0) -> _Operand:
@@ -169,7 +176,7 @@ class Realization:
         s = activation_scale(x, cast, reduce_axis, sample_axis)
         mode = self.rounding if self.spec.rounding == "any" else "nearest"
         gen = _seeded(self.seed, node.name, "cast", str(reduce_axis)) if mode == "random" else None
-        return _Operand(cast_grid(x, cast.format, s, mode, generator=gen), s, _block(cast))
+        return _Operand(cast_values(x, cast, s, mode, gen), s, _block(cast), _emin(cast))
 
     # --- the Arithmetic protocol -----------------------------------------------------------
     def matmul(self, node: Node, a: torch.Tensor, b: torch.Tensor, a_role: str, b_role: str) -> torch.Tensor:
@@ -198,7 +205,7 @@ class Realization:
             stride, dilation = [1, *stride], [1, *dilation]
             padding = [0, padding[0], 0, padding[1]]
         acts = self.spec.activations if x_role == "activations" else self.spec.weights
-        if acts is not None and acts.scale not in ("none", "static", "dynamic_per_tensor", "per_tensor"):
+        if acts is not None and not acts.kind.conv_input:
             raise KernelSpecError(f"Conv node {node.name!r}: {acts.scale} scaling of the convolution input "
                                   "is not defined; use per_tensor, dynamic_per_tensor or static")
         # the input is cast before padding and unfolding (its zero padding is exact)
@@ -244,7 +251,7 @@ class Realization:
         fmt = self.spec.compute
         v = value.to(_F64)
         rn = round_to_format(v, fmt)
-        if self.rounding == "nearest":
+        if self.rounding == "nearest" or (self.spec.accumulation.pinned and primitive in IEEE_OPS):
             return rn.to(value.dtype)
         d = self.spec.ulp(primitive) * fmt.u * v.abs()
         up = torch.maximum(round_to_format(torch.nextafter(v + d, torch.full_like(v, -math.inf)),
@@ -313,31 +320,80 @@ class Realization:
         else:  # tiles of rows of one matrix
             rows = max(1, _TILE_ELEMS // per_row)
             tiles = [(b0, b0 + 1, m0, min(m, m0 + rows)) for b0 in range(bt) for m0 in range(0, m, rows)]
+        mma = self.spec.accumulation.mma is not None
+        if mma:
+            if A.emin is None or B.emin is None:
+                raise KernelSpecError(f"MatMul node {node.name!r}: mma {self.spec.accumulation.mma} "
+                                      "needs both operands cast to fp8")
+            ea, eb = _exponents(qa, A.emin), _exponents(qbt, B.emin)
         for b0, b1, m0, m1 in tiles:
             terms = qa[b0:b1, m0:m1, None, :] * qbt[b0:b1, None, :, :]  # (nb, rows, n, k), exact
             sa_t = sa[b0:b1, m0:m1] if sa.shape[-2] > 1 else sa[b0:b1]
-            out[b0:b1, m0:m1] = self._reduce(terms, sa_t, sb[b0:b1], bounds, plans, gen)
+            exps = (ea[b0:b1, m0:m1, None, :] + eb[b0:b1, None, :, :]) if mma else None
+            out[b0:b1, m0:m1] = self._reduce(terms, sa_t, sb[b0:b1], bounds, plans, gen, exps)
         return out.reshape(*batch, m, n)
 
     def _reduce(self, terms: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
-                bounds: list[int], plans: dict[int, Any], gen: torch.Generator) -> torch.Tensor:
-        """terms (nb, rows, n, k); sa (nb, rows|1, k|1); sb (nb, k|1, n|1) -> (nb, rows, n)."""
-        acc_fmt, comp = self.spec.accumulate, self.spec.compute
+                bounds: list[int], plans: dict[int, Any], gen: torch.Generator,
+                exps: torch.Tensor | None = None) -> torch.Tensor:
+        """terms (nb, rows, n, k); sa (nb, rows|1, k|1); sb (nb, k|1, n|1) -> (nb, rows, n).
+        ``exps``: the products' alignment exponents (an mma accumulator)."""
+        comp = self.spec.compute
+        fam = self.spec.accumulation
+        k = terms.shape[-1]
 
         def scale_at(k0: int) -> torch.Tensor:  # s_a[m, k0] * s_b[k0, n], exact (48 bits)
             ca = sa[..., :, k0 if sa.shape[-1] > 1 else 0][..., None]
             cb = sb[..., k0 if sb.shape[-2] > 1 else 0, :][..., None, :]
             return ca * cb
 
+        parts = split_parts(k, self.split, MMA_GROUP.get(fam.mma or "", 1))
+        if fam.mma is not None:  # tensor-core chunks, promoted into fp32 (any order)
+            cuts = sorted(set(bounds) | set(parts) | set(
+                range(0, k, fam.promote) if fam.promote else ()))
+            vals = []
+            for k0, k1 in zip(cuts[:-1], cuts[1:]):
+                v = sm90_chunk(terms[..., k0:k1], exps[..., k0:k1])
+                vals.append(v * scale_at(k0).expand_as(v) if len(bounds) > 2 else v)
+            total = self._accumulate(torch.stack(vals, dim=-1), plans, gen)
+            if len(bounds) > 2:
+                return round_to_format(total, comp)
+            return mul_nearest(scale_at(0).expand_as(total), total, comp)
+        if len(parts) > 2:  # split-K: each part alone, then the parts' sums
+            outs = []
+            for p0, p1 in zip(parts[:-1], parts[1:]):
+                sub = [b - p0 for b in bounds if p0 < b < p1]
+                outs.append(self._reduce_part(terms[..., p0:p1], [0, *sub, p1 - p0],
+                                              lambda j, p0=p0: scale_at(p0 + j), plans, gen))
+            blocked = len(bounds) > 2
+            total = self._sum_parts(torch.stack(outs, dim=-1), plans, gen)
+            if blocked:
+                return round_to_format(total, comp)
+            return mul_nearest(scale_at(0).expand_as(total), total, comp)
         if len(bounds) == 2:  # unscaled products, then one rounding of s_a s_b * acc
             acc = self._accumulate(terms, plans, gen)
             return mul_nearest(scale_at(0).expand_as(acc), acc, comp)
+        total = self._reduce_part(terms, bounds, scale_at, plans, gen)
+        return round_to_format(total, comp)
+
+    def _reduce_part(self, terms: torch.Tensor, bounds: list[int], scale_at, plans: dict[int, Any],
+                     gen: torch.Generator) -> torch.Tensor:
+        """One split-K part in the accumulator format: its sum (unscaled when ``bounds`` has no
+        block cuts), or the sum of its blocks' promoted partial sums fl_acc(s p_block)."""
+        if len(bounds) == 2:
+            return self._accumulate(terms, plans, gen)
         parts = []
         for k0, k1 in zip(bounds[:-1], bounds[1:]):
             p = self._accumulate(terms[..., k0:k1], plans, gen)
-            parts.append(mul_nearest(scale_at(k0).expand_as(p), p, acc_fmt))
-        total = self._accumulate(torch.stack(parts, dim=-1), plans, gen)
-        return round_to_format(total, comp)
+            parts.append(mul_nearest(scale_at(k0).expand_as(p), p, self.spec.accumulate))
+        return self._accumulate(torch.stack(parts, dim=-1), plans, gen)
+
+    def _sum_parts(self, t: torch.Tensor, plans: dict[int, Any], gen: torch.Generator) -> torch.Tensor:
+        """The split-K parts' sums: left to right for a pinned schedule, else in this
+        realization's order."""
+        if self.spec.accumulation.pinned:
+            return _sequential(t, _Adder.for_terms(t, self.spec.accumulate, False))
+        return self._accumulate(t, plans, gen, family=False)
 
     def _plan(self, length: int, plans: dict[int, Any], gen: torch.Generator) -> Any:
         if length not in plans:
@@ -351,13 +407,28 @@ class Realization:
                 plans[length] = None
         return plans[length]
 
-    def _accumulate(self, t: torch.Tensor, plans: dict[int, Any], gen: torch.Generator) -> torch.Tensor:
-        """Sum t along its last axis in the accumulator format, in this realization's order."""
+    def _accumulate(self, t: torch.Tensor, plans: dict[int, Any], gen: torch.Generator,
+                    family: bool = True) -> torch.Tensor:
+        """Sum t along its last axis in the accumulator format: in the spec's schedule
+        (``family``: sequential, pairwise, tile_k blocks) and otherwise in this realization's
+        order (the any-order family, tile_k's combination of blocks, promoted mma chunks)."""
         length = t.shape[-1]
         if length == 0:
             return torch.zeros(t.shape[:-1], dtype=_F64, device=t.device)
         ad = _Adder.for_terms(t, self.spec.accumulate, self.native)
         t = ad.load(t)
+        fam = self.spec.accumulation
+        if family and fam.mma is None and fam.order == "sequential":
+            return _sequential(t, ad).to(_F64)
+        if family and fam.mma is None and fam.order == "pairwise":
+            return _pairwise(t, ad).to(_F64)
+        if family and fam.mma is None and fam.order == "tile_k" and length > fam.tile_k:
+            n = int(fam.tile_k)
+            nc = -(-length // n)
+            blocks = [_sequential(t[..., i * n:(i + 1) * n], ad) for i in range(nc)]
+            return self._accumulate(torch.stack(blocks, dim=-1).to(_F64), plans, gen, False)
+        if family and fam.mma is None and fam.order == "tile_k":
+            return _sequential(t, ad).to(_F64)
         if self.order == "sequential":
             out = _sequential(t, ad)
         elif self.order == "reverse":
@@ -372,6 +443,65 @@ class Realization:
             perm, chunk, across = self._plan(length, plans, gen)
             out = _chunked(t[..., perm.to(t.device)], ad, chunk, across)
         return out.to(_F64)
+
+
+# --- Hopper FP8 tensor cores (docs/kernels.md: sm90_fp8) -----------------------------------------
+SM90_FRACTION_BITS = 13  # products aligned to the group's largest exponent keep 13 fraction bits
+SM90_GROUP = 32  # the K of one fp8 wgmma
+_FP32_EMIN = -126
+
+
+def _exponents(q: torch.Tensor, emin: int) -> torch.Tensor:
+    """The exponent a tensor core aligns by: floor(log2 |q|) clamped to the format's least
+    normal exponent (a subnormal has that exponent and a significand below 1); -inf for 0."""
+    _, e = torch.frexp(q)
+    ex = torch.clamp(e.to(_F64) - 1, min=float(emin))
+    return torch.where(q == 0, torch.full_like(ex, -math.inf), ex)
+
+
+def _trunc(y: torch.Tensor) -> torch.Tensor:
+    """Round toward zero to an integer (|y| < 2^51)."""
+    return torch.where(y >= 0, torch.floor(y), torch.ceil(y))
+
+
+def sm90_step(c: torch.Tensor, p: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """One fp8 wgmma k-group into a tensor-core accumulator ``c`` (float32 values with 14
+    significant bits): every term - c and each product p (exponent e) - is aligned to the
+    largest exponent E among them, truncated to multiples of 2^(E - 13), the truncated terms are
+    summed exactly, and the sum is rounded toward zero to 13 fraction bits (an e8m13 value).
+    (MMA-Sim's Hopper model; DeepSeek-V3 §3.3.2 measures the ~14 retained bits.)"""
+    _, fe = torch.frexp(c)
+    ec = torch.clamp(fe.to(_F64) - 1, min=float(_FP32_EMIN))
+    ec = torch.where(c == 0, torch.full_like(ec, -math.inf), ec)
+    big = torch.maximum(e.amax(dim=-1), ec)
+    zero = torch.isinf(big)
+    tau = torch.exp2(torch.where(zero, torch.zeros_like(big), big) - SM90_FRACTION_BITS)
+    s = _trunc(c / tau) + _trunc(p / tau[..., None]).sum(-1)  # exact integers
+    s = s * tau
+    _, se = torch.frexp(s)
+    q = torch.exp2(torch.clamp(se.to(_F64) - 1, min=float(_FP32_EMIN)) - SM90_FRACTION_BITS)
+    r = _trunc(s / q) * q
+    r = torch.where(r.abs() > float.fromhex("0x1.fffffep+127"), torch.sign(r) * math.inf, r)
+    return torch.where(zero, torch.zeros_like(r), r)
+
+
+def sm90_chunk(terms: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
+    """A tensor-core accumulation of one promotion interval from zero: groups of 32 products
+    from the interval's start (the last one shorter), each folded in by sm90_step."""
+    c = torch.zeros(terms.shape[:-1], dtype=_F64, device=terms.device)
+    for g0 in range(0, terms.shape[-1], SM90_GROUP):
+        c = sm90_step(c, terms[..., g0:g0 + SM90_GROUP], exps[..., g0:g0 + SM90_GROUP])
+    return c
+
+
+def split_parts(k: int, split: int, align: int = 1) -> list[int]:
+    """Cut points of a K of ``k`` into ``split`` contiguous parts of L = ceil(k / split) rounded
+    up to a multiple of ``align`` (the mma instruction's K); fewer when the last are empty."""
+    if split <= 1 or k <= 1:
+        return [0, k]
+    step = -(-k // split)
+    step = -(-step // align) * align
+    return sorted({*range(0, k, step), k})
 
 
 class _Adder:
@@ -411,7 +541,12 @@ def _ones(x: torch.Tensor) -> torch.Tensor:
 
 
 def _block(cast: CastSpec) -> int | None:
-    return int(cast.block_size or 32) if cast.scale.endswith("per_block") else None
+    return cast.kind.k_block(cast)
+
+
+def _emin(cast: CastSpec) -> int | None:
+    f = cast.format
+    return round(math.log2(f.min_normal)) if f.kind == "float" else None
 
 
 def _segments(k: int, block_a: int | None, block_b: int | None) -> list[int]:

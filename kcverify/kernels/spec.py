@@ -50,6 +50,7 @@ Pure Python (the DSL imports this). The semantics a spec fixes, for every progra
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -58,8 +59,12 @@ from typing import Any
 from kcverify.errors import KernelSpecError
 from kcverify.kernels.formats import Format, get_format
 
-WEIGHT_SCALES = ("none", "per_tensor", "per_channel", "per_block", "static")
-ACTIVATION_SCALES = ("none", "static", "dynamic_per_tensor", "dynamic_per_token", "dynamic_per_block")
+WEIGHT_SCALES = ("none", "per_tensor", "per_channel", "per_block", "static", "mx", "nv")
+ACTIVATION_SCALES = ("none", "static", "dynamic_per_tensor", "dynamic_per_token", "dynamic_per_block",
+                     "mx", "nv")
+ORDERS = ("any", "sequential", "pairwise", "tile_k")
+MMAS = ("sm90_fp8",)
+MMA_GROUP = {"sm90_fp8": 32}  # the K of one tensor-core instruction (wgmma k32 for fp8)
 ROUNDINGS = ("nearest", "any")
 MOMENTS = ("sums", "welford")
 # Default error, in ulps of the compute format, of each primitive a conforming program may use.
@@ -82,34 +87,95 @@ def _nowhere(_path: tuple[str, ...]) -> tuple[str | None, int | None, int | None
 DEFAULT_AMAX_FLOOR = 1e-12
 _MIN_NORMAL_FP32 = 2.0**-126
 AMAX_SCALES = ("per_tensor", "per_channel", "per_block", "dynamic_per_tensor", "dynamic_per_token",
-               "dynamic_per_block")
+               "dynamic_per_block", "nv")
 
 
 @dataclass(frozen=True)
 class CastSpec:
-    """How one tensor role (weights or activations) is cast before a MatMul/Gemm/Conv."""
+    """How one tensor role (weights or activations) is cast before a MatMul/Gemm/Conv.
+
+    ``block_size``: the block length along K of a blocked scale (per_block, dynamic_per_block,
+    mx, nv), or a pair (bk, bn) for 2-D per_block weight tiles. ``saturate``: None (the
+    format's default: fp8 saturates, fp6 / fp4 always do), False (e4m3 overflows to NaN, e5m2
+    to inf). ``ftz``: subnormal results of the cast are flushed to zero."""
 
     format: Format
     scale: str = "none"
-    block_size: int | None = None
+    block_size: int | tuple[int, int] | None = None
     value: float | None = None  # the scale itself, for ``static`` (a float32 value)
     amax_floor: float | None = None  # None: DEFAULT_AMAX_FLOOR (a float32 value when given)
+    saturate: bool | None = None
+    ftz: bool = False
 
     @property
     def floor(self) -> float:
         """The amax floor as the float32 number kernels use."""
         return _fl32(DEFAULT_AMAX_FLOOR if self.amax_floor is None else self.amax_floor)
 
+    @property
+    def kind(self):  # noqa: ANN201 - kcverify.kernels.scales.ScaleKind (import cycle)
+        """The scale kind object (kcverify.kernels.scales)."""
+        from kcverify.kernels.scales import kind_of
+
+        return kind_of(self)
+
     def canonical(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": self.format.name, "scale": self.scale}
         if self.block_size is not None:
-            out["block_size"] = self.block_size
+            out["block_size"] = (list(self.block_size) if isinstance(self.block_size, tuple)
+                                 else self.block_size)
         if self.value is not None:
             out["value"] = float(self.value).hex()
         if self.amax_floor is not None or self.scale in AMAX_SCALES:
             # explicit even when defaulted: a certificate's spec digest names the floor its
             # scales were bounded with
             out["amax_floor"] = float(self.floor).hex()
+        if self.saturate is not None:
+            out["saturate"] = self.saturate
+        if self.ftz:
+            out["ftz"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """The accumulation family of a kernel's dot products (docs/kernels.md).
+
+    ``order``: ``any`` (every evaluation tree: the widest family), ``sequential`` (left to
+    right), ``pairwise`` (a balanced tree: halves of ceil(n/2) and floor(n/2)... see
+    kernels/realize.py), ``tile_k`` (blocks of ``tile_k`` terms summed left to right, the
+    blocks' sums combined in any order). ``mma``: a tensor-core accumulator (``sm90_fp8``:
+    Hopper FP8 wgmma, groups of 32 products aligned to the group's largest exponent, truncated
+    to 13 fractional bits, summed and rounded toward zero to 13 fraction bits), promoted every
+    ``promote`` products (None: never) into the fp32 accumulator, the promoted partial sums
+    combined in any order. ``split_k``: the finite set of split-K factors a kernel may use (K in
+    S contiguous parts, each accumulated alone, the S partial sums added in the accumulator);
+    a certificate covers each."""
+
+    order: str = "any"
+    tile_k: int | None = None
+    mma: str | None = None
+    promote: int | None = None
+    split_k: tuple[int, ...] = (1,)
+
+    @property
+    def is_default(self) -> bool:
+        """``accumulate: FORMAT``: any order, nothing else said (today's digest)."""
+        return self == Accumulation()
+
+    @property
+    def pinned(self) -> bool:
+        """One schedule per split-K configuration: a point input gives one value per config."""
+        return self.mma is None and self.order in ("sequential", "pairwise")
+
+    def canonical(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"order": self.order}
+        if self.tile_k is not None:
+            out["tile_k"] = self.tile_k
+        if self.mma is not None:
+            out["mma"] = self.mma
+            out["promote"] = self.promote
+        out["split_k"] = list(self.split_k)
         return out
 
 
@@ -126,6 +192,7 @@ class KernelSpec:
     ulps: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_ULPS))
     onnx: str | None = None  # a second ONNX graph (e.g. QDQ) that *is* this kernel
     moments: str = "sums"  # LayerNorm's mean and variance: "sums" (two-pass) or "welford" too
+    accumulation: Accumulation = field(default_factory=Accumulation)  # the family (order, mma)
 
     def ulp(self, primitive: str) -> float:
         return float(self.ulps.get(primitive, DEFAULT_ULPS.get(primitive, 2)))
@@ -147,6 +214,8 @@ class KernelSpec:
         if self.onnx is not None:
             out["onnx"] = self.onnx
         out["moments"] = self.moments  # explicit: the LayerNorm family the proof covers
+        if not self.accumulation.is_default:  # absent: any order, today's digest
+            out["accumulation"] = self.accumulation.canonical()
         return out
 
 
@@ -162,12 +231,18 @@ def _format(value: Any, locate: Locate, path: tuple[str, ...]) -> Format:
         raise _fail(locate, path, e.message) from None
 
 
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 def _cast(raw: Any, role: str, locate: Locate, path: tuple[str, ...]) -> CastSpec:
+    from kcverify.kernels.scales import KINDS, Unsupported
+
     if isinstance(raw, str):
         raw = {"format": raw}
     if not isinstance(raw, Mapping):
         raise _fail(locate, path, f"kernel {role} must be a mapping with 'format' and 'scale'")
-    allowed = {"format", "scale", "block_size", "value", "amax_floor"}
+    allowed = {"format", "scale", "block_size", "value", "amax_floor", "saturate", "ftz"}
     for key in raw:
         if key not in allowed:
             raise _fail(locate, (*path, str(key)),
@@ -180,13 +255,21 @@ def _cast(raw: Any, role: str, locate: Locate, path: tuple[str, ...]) -> CastSpe
     if scale not in scales:
         raise _fail(locate, (*path, "scale"),
                     f"unknown {role} scaling {scale!r}; expected one of {', '.join(scales)}")
+    kind = KINDS[scale]
     block = raw.get("block_size")
-    if scale.endswith("per_block"):
-        block = 32 if block is None else block
-        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-            raise _fail(locate, (*path, "block_size"), "block_size must be a positive integer")
+    if kind.blocked:
+        block = kind.default_block if block is None else block
+        if isinstance(block, list | tuple) and scale == "per_block" and len(block) == 2 \
+                and all(_positive_int(b) for b in block):
+            block = (int(block[0]), int(block[1]))
+        elif not _positive_int(block):
+            what = ("a positive integer or a pair [k, n] of them (2-D weight tiles)"
+                    if scale == "per_block" else "a positive integer")
+            raise _fail(locate, (*path, "block_size"), f"block_size must be {what}")
     elif block is not None:
-        raise _fail(locate, (*path, "block_size"), f"block_size needs a per_block scale, not {scale!r}")
+        raise _fail(locate, (*path, "block_size"),
+                    f"block_size needs a blocked scale (per_block, dynamic_per_block, mx, nv), "
+                    f"not {scale!r}")
     value = raw.get("value")
     if scale == "static":
         if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
@@ -206,17 +289,105 @@ def _cast(raw: Any, role: str, locate: Locate, path: tuple[str, ...]) -> CastSpe
         if not isinstance(floor, int | float) or isinstance(floor, bool) or not floor > 0:
             raise _fail(locate, (*path, "amax_floor"), "amax_floor must be a positive number")
         floor = _fl32(float(floor))
-        qmax = fmt.max_finite
+        qmax = fmt.max_finite * (448.0 if scale == "nv" else 1.0)
         if not floor / qmax >= _MIN_NORMAL_FP32 or floor == float("inf"):
             raise _fail(locate, (*path, "amax_floor"),
                         f"amax_floor / {qmax:g} must be a normal float32 number "
                         f"(amax_floor >= {qmax * _MIN_NORMAL_FP32:.3g})")
+    saturate = raw.get("saturate")
+    if saturate is not None:
+        if not isinstance(saturate, bool):
+            raise _fail(locate, (*path, "saturate"), "saturate must be true or false")
+        if fmt.kind != "float" or fmt.bits > 8:
+            raise _fail(locate, (*path, "saturate"),
+                        f"saturate is for fp8, fp6 and fp4 casts, not {fmt.name!r}")
+        if not saturate and not (fmt.has_inf or fmt.has_nan):
+            raise _fail(locate, (*path, "saturate"),
+                        f"{fmt.name} has no infinity and no NaN: its casts always saturate")
+        if not saturate and kind.saturating:
+            raise _fail(locate, (*path, "saturate"),
+                        f"{scale} scales let elements exceed max_finite: their casts saturate")
+    ftz = raw.get("ftz", False)
+    if not isinstance(ftz, bool):
+        raise _fail(locate, (*path, "ftz"), "ftz must be true or false")
     if fmt.kind == "int" and role == "activations":
         raise _fail(locate, (*path, "format"),
                     f"integer format {fmt.name!r} is supported for weights only (weight-only quantization)")
     if fmt.kind == "int" and scale == "none":
         raise _fail(locate, (*path, "scale"), f"integer format {fmt.name!r} needs a scale")
-    return CastSpec(fmt, scale, block, value, floor)
+    if fmt.kind == "int" and ftz:
+        raise _fail(locate, (*path, "ftz"), "ftz is for float formats")
+    cs = CastSpec(fmt, scale, block, value, floor, saturate, ftz)
+    try:
+        kind.check(cs, role)
+    except Unsupported as e:
+        raise _fail(locate, (*path, "scale"), e.message) from None
+    return cs
+
+
+_ACC_KEYS = {"format", "order", "tile_k", "mma", "promote", "split_k"}
+
+
+def _split_k(raw: Any, locate: Locate, path: tuple[str, ...]) -> tuple[int, ...]:
+    vals = [raw] if _positive_int(raw) else raw
+    if not isinstance(vals, list | tuple) or not vals or not all(_positive_int(v) for v in vals):
+        raise _fail(locate, path, "split_k must be a positive integer or a list of them")
+    return tuple(sorted({int(v) for v in vals}))
+
+
+def _accumulate(raw: Any, compute: Format, locate: Locate, path: tuple[str, ...]
+                ) -> tuple[Format, Accumulation]:
+    """``accumulate: FORMAT`` or ``{format, order, tile_k, mma, promote, split_k}``."""
+    if raw is None:
+        return compute, Accumulation()
+    if not isinstance(raw, Mapping):
+        return _format(raw, locate, path), Accumulation()
+    for key in raw:
+        if key not in _ACC_KEYS:
+            raise _fail(locate, (*path, str(key)),
+                        f"unknown key {key!r} in accumulate; expected one of {', '.join(sorted(_ACC_KEYS))}")
+    mma = raw.get("mma")
+    if mma is not None and str(mma) not in MMAS:
+        raise _fail(locate, (*path, "mma"), f"unknown mma {mma!r}; expected one of {', '.join(MMAS)}")
+    default = "fp32" if mma is not None else compute.name
+    fmt = _format(raw.get("format", default), locate, (*path, "format"))
+    order = raw.get("order", "any")
+    tile_k = raw.get("tile_k")
+    if isinstance(order, Mapping):  # order: {tile_k: N}
+        if set(order) != {"tile_k"}:
+            raise _fail(locate, (*path, "order"), "order must be any, sequential, pairwise, "
+                        "tile_k or {tile_k: N}")
+        if tile_k is not None:
+            raise _fail(locate, (*path, "tile_k"), "tile_k is given twice")
+        tile_k, order = order["tile_k"], "tile_k"
+    order = str(order)
+    if tile_k is not None and order == "any":
+        order = "tile_k"
+    if order not in ORDERS:
+        raise _fail(locate, (*path, "order"),
+                    f"unknown order {order!r}; expected one of {', '.join(ORDERS)} or {{tile_k: N}}")
+    if order == "tile_k" and not _positive_int(tile_k):
+        raise _fail(locate, (*path, "tile_k"), "order tile_k needs tile_k: a positive integer")
+    if order != "tile_k" and tile_k is not None:
+        raise _fail(locate, (*path, "tile_k"), f"tile_k is for order tile_k, not {order!r}")
+    promote = raw.get("promote")
+    if mma is not None:
+        mma = str(mma)
+        group = MMA_GROUP[mma]
+        if fmt.name != "fp32":
+            raise _fail(locate, (*path, "format"), f"mma {mma} promotes into fp32, not {fmt.name}")
+        if order != "any":
+            raise _fail(locate, (*path, "order"),
+                        f"mma {mma}: the promoted partial sums are combined in any order; "
+                        "order is not a choice here")
+        if promote is not None and (not _positive_int(promote) or promote % group):
+            raise _fail(locate, (*path, "promote"),
+                        f"promote must be a positive multiple of {group} (the instruction's K)")
+    elif promote is not None:
+        raise _fail(locate, (*path, "promote"), "promote is for an mma accumulator")
+    split = _split_k(raw["split_k"], locate, (*path, "split_k")) if "split_k" in raw else (1,)
+    return fmt, Accumulation(order, None if tile_k is None else int(tile_k), mma,
+                             None if promote is None else int(promote), split)
 
 
 def _fl32(x: float) -> float:
@@ -234,13 +405,19 @@ def parse_kernel_spec(name: str, raw: Any, locate: Locate | None = None) -> Kern
     if not isinstance(raw, Mapping):
         raise _fail(locate, path, f"kernel {name!r} must be a mapping")
     allowed = {"compute", "accumulate", "weights", "activations", "rounding", "ulps", "onnx",
-               "moments"}
+               "moments", "split_k"}
     for key in raw:
         if key not in allowed:
             raise _fail(locate, (*path, str(key)),
                         f"unknown key {key!r} in kernel {name!r}; expected one of {', '.join(sorted(allowed))}")
     compute = _format(raw.get("compute", "fp32"), locate, (*path, "compute"))
-    accumulate = _format(raw.get("accumulate", compute.name), locate, (*path, "accumulate"))
+    accumulate, accumulation = _accumulate(raw.get("accumulate"), compute, locate,
+                                           (*path, "accumulate"))
+    if "split_k" in raw:  # split_k beside accumulate
+        if isinstance(raw.get("accumulate"), Mapping) and "split_k" in raw["accumulate"]:
+            raise _fail(locate, (*path, "split_k"), "split_k is given twice (here and in accumulate)")
+        accumulation = dataclasses.replace(
+            accumulation, split_k=_split_k(raw["split_k"], locate, (*path, "split_k")))
     for role_name, fmt in (("compute", compute), ("accumulate", accumulate)):
         if fmt.kind != "float" or fmt.bits < 16:
             raise _fail(locate, (*path, role_name),
@@ -270,4 +447,14 @@ def parse_kernel_spec(name: str, raw: Any, locate: Locate | None = None) -> Kern
     if moments not in MOMENTS:
         raise _fail(locate, (*path, "moments"),
                     f"unknown moments {moments!r}; expected one of {', '.join(MOMENTS)}")
-    return KernelSpec(name, compute, accumulate, weights, acts, rounding, ulps, onnx_path, moments)
+    if accumulation.mma is not None:
+        for role, cs in (("weights", weights), ("activations", acts)):
+            if cs is None or not cs.format.name.startswith("fp8"):
+                raise _fail(locate, (*path, "accumulate", "mma"),
+                            f"mma {accumulation.mma} multiplies fp8 operands: {role} need an fp8 "
+                            "format (fp8_e4m3 or fp8_e5m2)")
+        if rounding != "nearest":
+            raise _fail(locate, (*path, "rounding"),
+                        f"mma {accumulation.mma} is modelled with round-to-nearest casts")
+    return KernelSpec(name, compute, accumulate, weights, acts, rounding, ulps, onnx_path, moments,
+                      accumulation)

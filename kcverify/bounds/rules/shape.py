@@ -1,139 +1,135 @@
 """Data movement (exact in both kernels: the same map applied to all six bounds) and the exact
 evaluation of ops whose inputs are all concrete (shapes, indices, masks, constant folding).
 
+ONNX semantics are written once, in the executor (kcverify/models/ops): every rule here applies
+the executor's own op function (``executor_op``), to each bound of a box for movement and
+selection (a monotone map: the image of [lo, hi] is [f(lo), f(hi)] element by element, exactly,
+as jax_verify binds a primitive on lower and upper), or to the exact values of concrete inputs.
+Attributes come from the node, their defaults from the op's ONNX schema (onnx.defs); a rule
+handles exactly the attributes its executor function takes (``handled_attributes``), and a node
+with any other attribute is refused with a BoundError naming the node and the attribute.
+
 Concrete float results of arithmetic carry ``rounds + 1``: a realization may round them to its
-compute format (RuleCtx.lift widens them accordingly). ONNX semantics follow the reference
-evaluator: attributes as keyword arguments, opset differences as data (axes as attribute before
-opset 13/18, as input after).
+compute format (RuleCtx.lift widens them accordingly). Concrete arithmetic runs in float64 (ints
+exactly); results of exact ops (movement, selection, comparisons, casts) that are fp32 values are
+returned as float32, so ``lift`` keeps them exact.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
+from typing import Any
 
-import numpy as np
 import torch
 
 from kcverify.bounds.box import Box, Concrete, mag, pad_hi, pad_lo
-from kcverify.bounds.registry import CONCRETE_OPS, Interval, RuleCtx, bound_rule, concrete_op
+from kcverify.bounds.registry import CONCRETE_OPS, Interval, RuleCtx, bound_rule
 from kcverify.bounds.rules import cache
 from kcverify.errors import BoundError
 from kcverify.kernels.formats import Format, get_format
 from kcverify.kernels.spec import KernelSpec
 from kcverify.models.ir import Node
 
-_ONNX_TO_TORCH = {
-    1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32,
-    7: torch.int64, 9: torch.bool, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16,
-}
+
+# --- the executor's op functions, with the schema's attribute defaults -----------------------
+def schema_defaults(op: str, opset: int, domain: str = "") -> dict[str, Any]:
+    """The ONNX schema's default value of every attribute of ``op`` at ``opset`` that has one
+    (onnx.defs; an op the schema does not know has none). Read once per (op, opset, domain)."""
+    return _schema_defaults(op, int(opset), domain or "")
 
 
-def _ints(v: torch.Tensor | None) -> list[int]:
-    return [] if v is None else [int(x) for x in v.reshape(-1).tolist()]
+@functools.cache
+def _schema_defaults(op: str, opset: int, domain: str) -> dict[str, Any]:
+    import onnx.defs
+
+    from kcverify.models.ir import _attr_value
+
+    try:
+        schema = onnx.defs.get_schema(op, opset, domain)
+    except onnx.defs.SchemaError:
+        return {}
+    return {name: _attr_value(a.default_value) for name, a in schema.attributes.items()
+            if a.default_value.name}
 
 
-def _axes(node: Node, opset: int, inputs: list, pos: int, since: int) -> list[int] | None:
-    if opset >= since and len(inputs) > pos and inputs[pos] is not None:
-        return _ints(inputs[pos])
-    a = node.attrs.get("axes")
-    return None if a is None else [int(x) for x in a]
+def _impl(node: Node, opset: int) -> Any:
+    from kcverify.models.ops import lookup
+
+    impl = lookup(node.op_type, node.domain or "", opset)
+    if impl is None:
+        raise BoundError(f"{node.op_type} node {node.name!r} (opset {opset}): the executor has no "
+                         f"implementation to evaluate it with")
+    return impl
 
 
-# --- movement functions: fn(node, opset, x, *other_inputs) -> tensor or tuple ------------
-def _reshape(node, opset, x, shape):
-    s = _ints(shape)
-    allowzero = int(node.attrs.get("allowzero", 0))
-    out = [(x.shape[i] if (d == 0 and not allowzero) else d) for i, d in enumerate(s)]
-    return x.reshape(out)
+def handled_attributes(op: str, opset: int, domain: str = "") -> frozenset[str]:
+    """The attributes the rule of ``op`` handles: those its executor function takes."""
+    from kcverify.models.ops import lookup
+
+    impl = lookup(op, domain, opset)
+    return frozenset() if impl is None else impl.attrs
 
 
-def _transpose(node, opset, x):
-    perm = node.attrs.get("perm")
-    perm = list(reversed(range(x.dim()))) if perm is None else [int(p) for p in perm]
-    return x.permute(perm)
+def attributes(node: Node, opset: int) -> dict[str, Any]:
+    """The node's attributes as keyword arguments of its executor function: the schema's
+    defaults overlaid by the node's own; an attribute the function does not handle is a
+    BoundError naming the node and the attribute."""
+    impl = _impl(node, opset)
+    unknown = sorted(a for a in node.attrs if a not in impl.attrs)
+    if unknown:
+        raise BoundError(f"{node.op_type} node {node.name!r} (opset {opset}): attribute "
+                         f"{', '.join(repr(a) for a in unknown)} is not handled by its bound rule "
+                         f"(handled: {', '.join(sorted(impl.attrs)) or 'none'})")
+    kw = {k: v for k, v in schema_defaults(node.op_type, opset, node.domain).items()
+          if k in impl.attrs}
+    kw.update({k: list(v) if isinstance(v, tuple) else v for k, v in node.attrs.items()})
+    return kw
 
 
-def _unsqueeze(node, opset, x, axes=None):
-    ax = _axes(node, opset, [x, axes], 1, 13) or []
-    r = x.dim() + len(ax)
-    for a in sorted(a % r for a in ax):
-        x = x.unsqueeze(a)
-    return x
+def executor_op(node: Node, opset: int, *inputs: Any, dtype: torch.dtype = torch.float64
+                ) -> tuple[torch.Tensor, ...]:
+    """The executor's op function for ``node`` applied to ``inputs`` (tensors or None), with the
+    exact arithmetic and float tensors held in ``dtype``; one tensor per node output."""
+    from kcverify.models.arith import Exact
+    from kcverify.models.ops import OpContext
+
+    impl = _impl(node, opset)
+    kw = attributes(node, opset)
+    dev = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    octx = OpContext(node, opset, Exact(), dtype, dev,
+                     tuple("activations" for _ in node.inputs), True,
+                     tuple(_np_dtype(x) for x in inputs))
+    out = impl.fn(octx, *inputs, **kw)
+    outs = tuple(out) if isinstance(out, tuple | list) else (out,)
+    return outs[:max(1, len(node.outputs))]
 
 
-def _squeeze(node, opset, x, axes=None):
-    ax = _axes(node, opset, [x, axes], 1, 13)
-    if ax is None:
-        return x.reshape([d for d in x.shape if d != 1])
-    for a in sorted((a % x.dim() for a in ax), reverse=True):
-        x = x.squeeze(a)
-    return x
+def _np_dtype(x: Any) -> str | None:
+    if not isinstance(x, torch.Tensor):
+        return None
+    return {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+            torch.bfloat16: "bfloat16"}.get(x.dtype, str(x.dtype).removeprefix("torch."))
 
 
-def _flatten(node, opset, x):
-    axis = int(node.attrs.get("axis", 1)) % (x.dim() + 1) if x.dim() else 0
-    lead = int(np.prod(x.shape[:axis])) if axis else 1
-    return x.reshape(lead, -1)
+def _apply(op_node: Node, opset: int, x: torch.Tensor, *rest: Any) -> Any:
+    """``fn(node, opset, x, *other_inputs)``: one tensor, or a tuple for several outputs."""
+    outs = executor_op(op_node, opset, x, *rest, dtype=x.dtype if x.is_floating_point()
+                       else torch.float64)
+    return outs[0] if len(outs) == 1 else outs
 
 
-def _identity(node, opset, x, *rest):
-    return x
+# Movement: a selection or rearrangement of the elements of input 0 (the other inputs are
+# shapes, axes, indices), applied with the same map to every bound and to every generator row
+# of a zonotope form (zonotope.py reads this table).
+MOVEMENT_OPS = ("Reshape", "Transpose", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Dropout",
+                "Expand", "Slice", "Split", "Trilu")
+MOVEMENT: dict[str, Callable] = {op: _apply for op in MOVEMENT_OPS}
 
 
-def _expand(node, opset, x, shape):
-    target = torch.broadcast_shapes(tuple(x.shape), tuple(_ints(shape)))
-    return x.expand(target)
-
-
-def _gather(node, opset, x, idx):
-    axis = int(node.attrs.get("axis", 0)) % x.dim()
-    i = idx.to(torch.int64)
-    i = torch.where(i < 0, i + x.shape[axis], i)
-    out = torch.index_select(x, axis, i.reshape(-1).to(x.device))
-    return out.reshape((*x.shape[:axis], *i.shape, *x.shape[axis + 1:]))
-
-
-def _slice(node, opset, x, starts=None, ends=None, axes=None, steps=None):
-    if opset < 10:
-        st, en = list(node.attrs["starts"]), list(node.attrs["ends"])
-        ax = list(node.attrs.get("axes", range(len(st))))
-        sp = [1] * len(st)
-    else:
-        st, en = _ints(starts), _ints(ends)
-        ax = _ints(axes) if axes is not None else list(range(len(st)))
-        sp = _ints(steps) if steps is not None else [1] * len(st)
-    idx: list[slice] = [slice(None)] * x.dim()
-    for s, e, a, p in zip(st, en, ax, sp):
-        if p <= 0:
-            raise BoundError(f"Slice node {node.name!r}: negative steps are not supported")
-        dim = x.shape[a % x.dim()]
-        s = max(0, min(dim, s + dim if s < 0 else s))
-        e = max(0, min(dim, e + dim if e < 0 else e))
-        idx[a % x.dim()] = slice(s, e, p)
-    return x[tuple(idx)]
-
-
-def _split(node, opset, x, split=None):
-    axis = int(node.attrs.get("axis", 0)) % x.dim()
-    sizes = _ints(split) if split is not None else node.attrs.get("split")
-    if sizes is None:
-        n = int(node.attrs.get("num_outputs", len(node.outputs)))
-        size = -(-x.shape[axis] // n)
-        sizes = [min(size, x.shape[axis] - i * size) for i in range(n)]
-    return tuple(torch.split(x, [int(s) for s in sizes], dim=axis))
-
-
-def _trilu(node, opset, x, k=None):
-    kk = int(k.reshape(()).item()) if k is not None else 0
-    return torch.triu(x, kk) if int(node.attrs.get("upper", 1)) else torch.tril(x, kk)
-
-
-MOVEMENT: dict[str, Callable] = {
-    "Reshape": _reshape, "Transpose": _transpose, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
-    "Flatten": _flatten, "Identity": _identity, "Dropout": _identity, "Expand": _expand,
-    "Slice": _slice, "Split": _split, "Trilu": _trilu,
-}
+def _gather(node: Node, opset: int, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return _apply(node, opset, x, idx)
 
 
 def exact(fn: Callable) -> Callable:
@@ -143,25 +139,41 @@ def exact(fn: Callable) -> Callable:
     return fn
 
 
-def _movement_rule(op: str) -> Callable:
-    fn = MOVEMENT[op]
+def _bounds_map(ctx: RuleCtx, ins: tuple, box_at: tuple[int, ...]) -> tuple[Box, ...]:
+    """The executor's op applied to bound k of every input at ``box_at`` (k = 0..5) with the
+    other inputs as exact values: the image of a monotone selection, exactly."""
+    boxes = {j: cache.lift(ctx, ins[j]) for j in box_at if j < len(ins) and ins[j] is not None}
+    for j, x in enumerate(ins):
+        if j not in boxes and isinstance(x, Box):
+            raise BoundError(f"{ctx.node.op_type} node {ctx.node.name!r}: input {j} must be "
+                             f"exact (a shape, axes, indices or a condition), not a bounded tensor")
+    parts = []
+    for k in range(6):
+        args = [boxes[j].parts()[k] if j in boxes else (x.value if isinstance(x, Concrete) else x)
+                for j, x in enumerate(ins)]
+        parts.append(executor_op(ctx.node, ctx.opset, *args))
+    n_out = 1 if ctx.node.op_type == "Dropout" else len(parts[0])
+    return tuple(Box(*(parts[k][j].contiguous() for k in range(6))) for j in range(n_out))
 
-    def rule(ctx: RuleCtx, x, *rest):
-        box = cache.lift(ctx, x)
-        others = [r.value if isinstance(r, Concrete) else r for r in rest]
-        if any(isinstance(r, Box) for r in others):
-            raise BoundError(f"{op} node {ctx.node.name!r}: shape/axes inputs must be constant")
-        outs = [fn(ctx.node, ctx.opset, p, *others) for p in box.parts()]
-        if isinstance(outs[0], tuple):
-            return tuple(Box(*(o[j].contiguous() for o in outs)) for j in range(len(outs[0])))
-        return Box(*(o.contiguous() for o in outs))
-    rule.__doc__ = f"{op}: exact data movement, the same map on every bound."
+
+def _movement_rule(op: str, box_at: tuple[int, ...] | None = None) -> Callable:
+    def rule(ctx: RuleCtx, *ins):
+        at = box_at if box_at is not None else tuple(range(len(ins)))
+        outs = _bounds_map(ctx, ins, at)
+        if op == "Dropout" and len([o for o in ctx.node.outputs if o]) > 1:
+            return outs[0], Concrete(torch.ones(outs[0].shape, dtype=torch.bool))
+        return outs if len(outs) > 1 else outs[0]
+    rule.__doc__ = (f"{op}: the executor's {op} applied to every bound (exact movement or "
+                    f"selection).")
     rule.__name__ = op.lower()
     return exact(rule)
 
 
-for _op in MOVEMENT:
-    bound_rule(_op, domain=Interval)(_movement_rule(_op))
+# input positions holding bounded data (the others must be exact): None = every input
+_BOX_INPUTS: dict[str, tuple[int, ...] | None] = {op: (0,) for op in MOVEMENT_OPS}
+_BOX_INPUTS.update({"Gather": (0,), "Concat": None, "Where": (1, 2)})
+for _op, _at in _BOX_INPUTS.items():
+    bound_rule(_op, domain=Interval)(_movement_rule(_op, _at))
 
 
 _CAST_FORMATS = {1: "fp32", 10: "fp16", 11: "fp64", 16: "bf16"}
@@ -243,155 +255,44 @@ def cast(ctx: RuleCtx, x) -> Box:
     return Box.make(tl, th, il, ih, b.dl - et - ei, b.dh + et + ei)
 
 
-@bound_rule("Gather", domain=Interval)
-@exact
-def gather(ctx: RuleCtx, data, indices) -> Box:
-    """Gather with constant indices: exact selection."""
-    if not isinstance(indices, Concrete):
-        raise BoundError(f"Gather node {ctx.node.name!r}: indices must be exact (token ids), "
-                         f"not a bounded tensor")
-    box = cache.lift(ctx, data)
-    return box.map(lambda t: _gather(ctx.node, ctx.opset, t, indices.value))
-
-
-@bound_rule("Concat", domain=Interval)
-@exact
-def concat(ctx: RuleCtx, *xs) -> Box:
-    """Concatenation along ``axis``."""
-    boxes = [cache.lift(ctx, x) for x in xs if x is not None]
-    axis = int(ctx.attr("axis", 0)) % len(boxes[0].shape)
-    return Box(*(torch.cat([b.parts()[k] for b in boxes], dim=axis) for k in range(6)))
-
-
-@bound_rule("Where", domain=Interval)
-@exact
-def where(ctx: RuleCtx, cond, x, y) -> Box:
-    """Where with an exact condition (e.g. a causal mask): selection, no rounding."""
-    if not isinstance(cond, Concrete):
-        raise BoundError(f"Where node {ctx.node.name!r}: the condition must be exact")
-    c = cond.value.to(torch.bool)
-    bx, by = cache.lift(ctx, x), cache.lift(ctx, y)
-    return Box(*(torch.where(c.to(a.device), a, b) for a, b in zip(bx.parts(), by.parts())))
-
 
 # --- exact evaluation of all-concrete nodes ----------------------------------------------
-def _register_movement_concrete() -> None:
-    for op, fn in MOVEMENT.items():
-        def ev(node, opset, *vals, fn=fn):
-            out = fn(node, opset, *vals)
-            return out if isinstance(out, tuple) else (out,)
-        CONCRETE_OPS[op] = ev
+# Ops evaluated exactly, by the executor's function, when every input is concrete; those in
+# ROUNDING_CONCRETE compute new float values (a realization may round them).
+ROUNDING_CONCRETE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mod",
+                               "Sqrt", "Exp", "Log", "Reciprocal", "Tanh", "Erf", "Sigmoid",
+                               "Sin", "Cos", "Range"})
+EXACT_CONCRETE = frozenset({*MOVEMENT_OPS, "Shape", "Size", "Constant", "ConstantOfShape", "Cast",
+                            "Gather", "GatherElements", "GatherND", "Concat", "Tile",
+                            "Where", "Not", "And", "Or", "Xor", "Equal", "Less", "Greater",
+                            "LessOrEqual", "GreaterOrEqual", "IsNaN", "IsInf", "Neg", "Abs",
+                            "Relu", "Sign", "Floor", "Ceil", "Round", "Clip"})
 
 
-_register_movement_concrete()
+def _concrete(node: Node, opset: int, *vals: Any) -> tuple[torch.Tensor, ...]:
+    """Exact evaluation: floats in float64; an exact op's fp32 values back as float32."""
+    f32 = all(v is None or not v.is_floating_point() or v.dtype in (torch.float32, torch.float16,
+                                                                       torch.bfloat16)
+              for v in vals)
+    args = [v.to(torch.float64) if v is not None and v.is_floating_point() else v for v in vals]
+    outs = executor_op(node, opset, *args)
+    if node.op_type in ROUNDING_CONCRETE:
+        return outs
+    return tuple(_narrow(o) if f32 or node.op_type in ("Constant", "ConstantOfShape", "Cast")
+                 else o for o in outs)
 
 
-@concrete_op("Shape")
-def _c_shape(node, opset, x):
-    dims = list(x.shape)
-    start = int(node.attrs.get("start", 0))
-    end = node.attrs.get("end")
-    dims = dims[start:] if end is None else dims[start:int(end)]
-    return (torch.tensor(dims, dtype=torch.int64),)
+def _narrow(v: torch.Tensor) -> torch.Tensor:
+    """A float64 tensor of fp32 values as float32 (lift then keeps it exact), else itself."""
+    if v.dtype != torch.float64:
+        return v
+    v32 = v.to(torch.float32)
+    same = (v32.to(torch.float64) == v) | (torch.isnan(v) & torch.isnan(v32))
+    return v32 if bool(same.all()) else v
 
 
-@concrete_op("Size")
-def _c_size(node, opset, x):
-    return (torch.tensor(x.numel(), dtype=torch.int64),)
-
-
-@concrete_op("Range")
-def _c_range(node, opset, start, limit, delta):
-    return (torch.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype),)
-
-
-@concrete_op("ConstantOfShape")
-def _c_cos(node, opset, shape):
-    v = node.attrs.get("value")
-    val = torch.as_tensor(np.asarray(v)).reshape(-1)[0] if v is not None else torch.tensor(0.0)
-    return (torch.full(_ints(shape), val.item(), dtype=val.dtype),)
-
-
-@concrete_op("Constant")
-def _c_constant(node, opset):
-    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
-        if key in node.attrs:
-            return (torch.as_tensor(np.array(node.attrs[key])),)
-    raise BoundError(f"Constant node {node.name!r}: unsupported attribute {list(node.attrs)}")
-
-
-@concrete_op("Cast")
-def _c_cast(node, opset, x):
-    return (x.to(_ONNX_TO_TORCH.get(int(node.attrs.get("to", 1)), torch.float32)),)
-
-
-@concrete_op("Gather")
-def _c_gather(node, opset, x, idx):
-    return (_gather(node, opset, x, idx),)
-
-
-@concrete_op("Concat")
-def _c_concat(node, opset, *xs):
-    axis = int(node.attrs.get("axis", 0))
-    return (torch.cat([x for x in xs if x is not None], dim=axis),)
-
-
-@concrete_op("Where")
-def _c_where(node, opset, c, x, y):
-    return (torch.where(c.to(torch.bool), x, y),)
-
-
-@concrete_op("Not")
-def _c_not(node, opset, x):
-    return (torch.logical_not(x),)
-
-
-def _binary(fn: Callable) -> Callable:
-    def ev(node, opset, a, b):
-        return (fn(a, b),)
-    return ev
-
-
-for _op, _fn in {"Equal": torch.eq, "Less": torch.lt, "Greater": torch.gt,
-                 "LessOrEqual": torch.le, "GreaterOrEqual": torch.ge, "And": torch.logical_and,
-                 "Or": torch.logical_or}.items():
-    CONCRETE_OPS[_op] = _binary(_fn)
-
-# arithmetic on constants: evaluated in float64 (ints exactly); a realization may round it
-ARITH_CONCRETE: dict[str, Callable] = {
-    "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": None, "Pow": torch.pow,
-    "Max": torch.maximum, "Min": torch.minimum,
-}
-
-
-def _c_arith(op: str) -> Callable:
-    def ev(node, opset, a, b):
-        if a.is_floating_point() or b.is_floating_point():
-            a64, b64 = a.to(torch.float64), b.to(torch.float64)
-            out = a64 / b64 if op == "Div" else ARITH_CONCRETE[op](a64, b64)
-            return (out,)
-        if op == "Div":
-            return (torch.div(a, b, rounding_mode="trunc"),)
-        return (ARITH_CONCRETE[op](a, b),)
-    return ev
-
-
-for _op in ARITH_CONCRETE:
-    CONCRETE_OPS[_op] = _c_arith(_op)
-
-
-def _unary(fn: Callable) -> Callable:
-    def ev(node, opset, a):
-        return (fn(a.to(torch.float64)) if a.is_floating_point() else fn(a),)
-    return ev
-
-
-for _op, _fn in {"Sqrt": torch.sqrt, "Neg": torch.neg, "Exp": torch.exp, "Reciprocal": torch.reciprocal,
-                 "Abs": torch.abs, "Relu": torch.relu, "Tanh": torch.tanh, "Erf": torch.erf}.items():
-    CONCRETE_OPS[_op] = _unary(_fn)
-
-# which concrete ops compute new float values (a realization may round their results)
-ROUNDING_CONCRETE = set(ARITH_CONCRETE) | {"Sqrt", "Exp", "Reciprocal", "Tanh", "Erf"}
+for _op in ROUNDING_CONCRETE | EXACT_CONCRETE:
+    CONCRETE_OPS[_op] = _concrete
 
 
 @bound_rule("CastLike", domain=Interval)

@@ -251,7 +251,8 @@ def _slice(x: torch.Tensor, starts: list[int], ends: list[int], axes: list[int],
             backward.append((a, min(max(s, 0), dim - 1), min(max(e, -1), dim - 1), st))
     out = x[tuple(index)]
     for a, s, e, st in backward:
-        idx = torch.arange(s, e, st, device=x.device)
+        idx = (torch.arange(s, e, st, device=x.device) if s > e  # else empty, as ONNX says
+               else torch.zeros(0, dtype=torch.int64, device=x.device))
         out = out.index_select(a, idx)
     return out
 

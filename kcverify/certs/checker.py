@@ -123,7 +123,8 @@ def _load_contract(contract_path: str | os.PathLike[str]) -> Any:
     return _component("kcverify.dsl", "reading the contract", "load_contract")(contract_path)
 
 
-def _segmentation(model_path: str | os.PathLike[str]
+def _segmentation(model_path: str | os.PathLike[str], kernel_specs: Mapping[str, Any] | None = None,
+                  base_dir: Path | None = None
                   ) -> tuple[list[tuple[str, str]], set[str], list[tuple[str, str]]]:
     """The model's block chain [(name, digest)], its input names and the whole graph as one
     block [(name, digest)] (the other cut a prover may use: the linear domain's); KcverifyError
@@ -134,8 +135,19 @@ def _segmentation(model_path: str | os.PathLike[str]
                              "whole_graph")
     graph = load_onnx(model_path)
     inputs = {v.name for v in graph.inputs if v.name not in graph.initializers}
+    if kernel_specs is not None and "train" in kernel_specs and "inf" in kernel_specs:
+        # an inference kernel given as a QDQ graph: the prover bounded the joint graph
+        bound_problem = _component("kcverify.bounds.qdq_graph", "joining a QDQ kernel's graph",
+                                   "bound_problem")
+        graph = bound_problem(graph, kernel_specs["train"], kernel_specs["inf"], base_dir)[0]
     whole = [(b.name, b.digest) for b in whole_graph(graph)]
     return [(b.name, b.digest) for b in segment(graph)], inputs, whole
+
+
+def _contract_dir(contract: Any) -> Path | None:
+    """The folder a contract's relative paths (a kernel's ``onnx:`` graph) are resolved in."""
+    path = getattr(contract, "path", None)
+    return None if path is None else Path(path).parent
 
 
 def _why(e: Exception) -> str:
@@ -281,7 +293,8 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
     whole_chain: list[tuple[str, str]] | None = None
     if expected_chain is None or graph_inputs is None:
         try:
-            chain, inputs, whole_chain = _segmentation(model_path)
+            chain, inputs, whole_chain = _segmentation(model_path, kernel_specs,
+                                                       _contract_dir(contract))
         except InternalError:
             raise
         except Exception as e:  # noqa: BLE001 - any failure to read the model is a problem
@@ -293,7 +306,8 @@ def check_certificate(cert_or_path: str | os.PathLike[str] | dict[str, Any],
         default_recheck = _component("kcverify.certs.recheck", "re-running block certificates",
                                      "default_recheck")
         try:
-            recheck_block, why = default_recheck(model_path, kernel_specs)
+            recheck_block, why = default_recheck(model_path, kernel_specs,
+                                                 _contract_dir(contract))
         except KcverifyError as e:  # the model cannot be read: every block check will fail
             recheck_block, why = None, str(e)
         if why:

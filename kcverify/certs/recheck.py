@@ -86,19 +86,24 @@ def model_blocks(graph: Any) -> dict[str, Any]:
     return out
 
 
-def default_recheck(model_path: str | os.PathLike[str], kernel_specs: Mapping[str, Any]
+def default_recheck(model_path: str | os.PathLike[str], kernel_specs: Mapping[str, Any],
+                    base_dir: str | os.PathLike[str] | None = None
                     ) -> tuple[RecheckBlock | None, str | None]:
     """The real bound engine's hook for this model, or (None, why not). The engine ships with
-    kcverify: failing to import it is an internal error, never a skipped check."""
+    kcverify: failing to import it is an internal error, never a skipped check. An inference
+    kernel given as a QDQ graph (``onnx:``, relative to ``base_dir``) re-runs the joint graph's
+    blocks (kcverify.bounds.qdq_graph)."""
     try:
         from kcverify.bounds import DiffBox, bound_block
+        from kcverify.bounds.qdq_graph import bound_problem
         from kcverify.models.ir import load_onnx
     except ImportError as e:
         raise InternalError(f"the bound engine cannot be imported: {e}") from e
     if "train" not in kernel_specs or "inf" not in kernel_specs:
         return None, "the contract does not name kernels 'train' and 'inf'"
-    blocks = model_blocks(load_onnx(model_path))
-    return recheck_with(bound_block, blocks, kernel_specs["train"], kernel_specs["inf"], DiffBox), None
+    graph, train, inf = bound_problem(load_onnx(model_path), kernel_specs["train"],
+                                      kernel_specs["inf"], base_dir)
+    return recheck_with(bound_block, model_blocks(graph), train, inf, DiffBox), None
 
 
 def default_store_input(model_path: str | os.PathLike[str], kernel_specs: Mapping[str, Any]

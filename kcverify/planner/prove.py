@@ -91,6 +91,12 @@ class Session:
         self.graph = load_onnx(model_path)
         self.train = _kernel(contract, "train")
         self.inf = _kernel(contract, "inf")
+        from kcverify.bounds.qdq_graph import bound_problem
+
+        # what the bound engine walks: the model and the kernels, or - for an inference kernel
+        # given as a QDQ graph - the joint graph of both (docs/qdq.md)
+        self.bound_graph, self.bound_train, self.bound_inf = bound_problem(
+            self.graph, self.train, self.inf, Path(contract.path).parent)
         floats = [v.name for v in self.graph.outputs if (v.dtype or "float32").startswith("float")]
         if not floats:
             raise KcverifyError(f"{model_path}: the model has no float output to bound")
@@ -145,7 +151,7 @@ class Session:
             def progress(k: int, n: int, block: str) -> None:
                 self.say(f"bounding {what}: block {k + 1}/{n} ({block})")
 
-            self._drift[key] = certify_drift(self.graph, self.train, self.inf,
+            self._drift[key] = certify_drift(self.bound_graph, self.bound_train, self.bound_inf,
                                              **self.drift_item(name, rows), progress=progress)
             self.say(f"bounded {what} in {time.perf_counter() - t0:.1f}s: "
                      f"certified max drift {float(np.max(self._drift[key].linf)):.4g}")
@@ -200,7 +206,8 @@ class Session:
             self.say(f"bounded slice {n!r} inputs [{r[0]}, {r[1]}): certified max drift "
                      f"{float(np.max(res.linf)):.4g}")
 
-        results = executor.map_drift(self.graph, self.model_path, self.train, self.inf,
+        results = executor.map_drift(self.bound_graph, self.model_path, self.bound_train,
+                                     self.bound_inf,
                                      [self.drift_item(n, r) for n, r in keys], done)
         self._drift.update({(n, *r): res for (n, r), res in zip(keys, results, strict=True)})
 
@@ -218,9 +225,10 @@ class Session:
             for rows in self.chunks(name):  # the largest over the chunks, per block
                 for k, v in certified_block_drift(self.drift_chunk(name, rows).blocks).items():
                     certified[k] = max(v, certified.get(k, v))
-            blocks = blocks_of(self.graph)
-            observed = observed_block_drift(self.graph, blocks, self.train, self.inf,
-                                            self.feeds(name), device=self.options.device)
+            blocks = blocks_of(self.bound_graph)
+            observed = {} if self.inf.onnx is not None else observed_block_drift(
+                self.graph, blocks, self.train, self.inf, self.feeds(name),
+                device=self.options.device)  # a QDQ kernel's blocks: certified only
             self._blocks[name] = block_drifts(certified, observed,
                                               {b.name: b.kind for b in blocks})
         return self._blocks[name]
@@ -292,7 +300,7 @@ class PlanContext:
         domain), as certify_drift bounds them."""
         from kcverify.bounds.engine import blocks_of, whole_graph
 
-        g = self.session.graph
+        g = self.session.bound_graph
         return list(whole_graph(g) if self.session.options.domain == "linear" else blocks_of(g))
 
     def prefix(self, k: int) -> dict[str, Any]:
@@ -310,7 +318,8 @@ class PlanContext:
 
         s = self.session
         block, domain = self.blocks[k], s.options.domain
-        out = bound_block(block, s.train, s.inf, in_state, domain=domain, device=s.options.device)
+        out = bound_block(block, s.bound_train, s.bound_inf, in_state, domain=domain,
+                          device=s.options.device)
         method = domain if domain in ("separate", "linear", "best", "zonotope") else "interval"
         rec = BlockRecord(block.name, block.digest, method, dict(in_state), out)
         n = sum(1 for r in self.builder.blocks if r.startswith(f"{self.query.slice}/plan"))

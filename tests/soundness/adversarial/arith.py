@@ -22,7 +22,9 @@ Orders (per output element, data dependent where it says so): ``seq``, ``rev``, 
 (by |term|), ``posneg`` (positives then negatives: the partial sums grow, then cancel), ``alt``
 (largest positive, largest negative, ...), ``pairwise`` (balanced tree), ``chunk<c>`` (split-K:
 chunks of c summed left to right, partials then left to right), ``random`` and ``greedy_up`` /
-``greedy_down`` (at each step the remaining term whose addition rounds furthest up / down).
+``greedy_down`` (at each step the remaining term whose addition rounds furthest up / down),
+``tree_up`` / ``tree_down`` (any tree, not only a chain: at each step the pair of live values,
+terms or partial sums, whose rounded sum moves furthest up / down; ties to the largest sum).
 """
 
 from __future__ import annotations
@@ -193,6 +195,8 @@ def ordered_sum(terms: np.ndarray, f: Fmt | str, order: str = "seq",
     t = np.asarray(terms, dtype=np.float64)
     if order.startswith("greedy"):
         return _greedy_sum(t, f, order == "greedy_up")
+    if order.startswith("tree_"):
+        return _greedy_tree(t, f, order == "tree_up")
     t = np.take_along_axis(t, perm(t, order, rng), axis=-1)
     n = t.shape[-1]
     if n == 0:
@@ -230,6 +234,32 @@ def _greedy_sum(t: np.ndarray, f: Fmt, up: bool) -> np.ndarray:
         s = np.take_along_axis(cand, k[..., None], axis=-1)[..., 0]
         np.put_along_axis(left, k[..., None], False, axis=-1)
     return s
+
+
+def _greedy_tree(t: np.ndarray, f: Fmt, up: bool) -> np.ndarray:
+    """Greedy pair merging (``tree_up`` / ``tree_down``): n - 1 steps, each adding the two live
+    values whose rounded sum has the largest signed rounding error; exact sums in float64."""
+    lead = t.shape[:-1]
+    v = t.reshape(-1, t.shape[-1]).copy()
+    rows, n = v.shape
+    if n == 0:
+        return np.zeros(lead)
+    live = np.ones(v.shape, dtype=bool)
+    sgn = 1.0 if up else -1.0
+    iu, ju = np.triu_indices(n, 1)
+    r = np.arange(rows)
+    for _ in range(n - 1):
+        ex = v[:, iu] + v[:, ju]
+        with np.errstate(invalid="ignore", over="ignore"):
+            cand = rnd(ex, f)
+            err = (cand - ex) * sgn
+        err = np.where(live[:, iu] & live[:, ju], err, -np.inf)
+        k = np.argmax(err, axis=-1)
+        i, j = iu[k], ju[k]
+        v[r, i] = cand[r, k]
+        live[r, j] = False
+        v[r, j] = 0.0
+    return v[live].reshape(lead) if n > 1 else v[:, 0].reshape(lead)
 
 
 def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -294,7 +324,9 @@ def fma_sum(a: np.ndarray, b: np.ndarray, f: Fmt | str, order: str = "seq",
     if order == "pairwise":
         first = round3(p, e, np.zeros_like(p), f)  # each product rounded once, then a tree
         return ordered_sum(first, f, "pairwise")
-    idx = perm(p, order, rng) if not order.startswith("greedy") else perm(p, "desc")
+    if order.startswith(("greedy", "tree_")) and not np.any(e):
+        return ordered_sum(p, f, order)  # exact products: the sum of p is the program
+    idx = perm(p, order, rng) if not order.startswith(("greedy", "tree_")) else perm(p, "desc")
     p = np.take_along_axis(p, idx, axis=-1)
     e = np.take_along_axis(e, idx, axis=-1)
     s = round3(p[..., 0], e[..., 0], np.zeros_like(p[..., 0]), f)

@@ -14,6 +14,13 @@ NaN, defined once:
 * **Construction.** A NaN bound carries no information (an inf − inf inside a bound rule): a
   lower end becomes −inf and an upper end +inf, so a box is always a sound, if vacuous,
   enclosure and never holds NaN.
+* **Infinities.** The drift of a pair (t, i) is i - t; 0 when both are the same infinity (a
+  masked entry: -inf in every program); +-inf for an infinity against a finite value or the
+  opposite infinity; NaN where either value is NaN. Construction closes the drift interval
+  under what the value intervals admit (``infinite_drift``; semantics §1.1): where both may be
+  the same infinity it holds 0, where one may be infinite and the other finite (or the other
+  infinity) the matching end is infinite, and where a value interval is (-inf, inf) (it may be
+  NaN) the drift is (-inf, inf). A box never claims the drift [inf, inf], which no pair has.
 * **Containment.** ``a.contains(b)`` holds iff the shapes agree and, on each of the three pairs,
   a.lo <= b.lo and b.hi <= a.hi everywhere. A comparison with NaN is false, so a NaN in ``b``
   (a duck-typed box that was not built through this class) is never contained, and a box with
@@ -43,6 +50,28 @@ def as_float64(a: Any) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
 
 
+def infinite_drift(train_lo: np.ndarray, train_hi: np.ndarray, inf_lo: np.ndarray,
+                   inf_hi: np.ndarray, drift_lo: np.ndarray, drift_hi: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The drift interval closed under the infinite values the two value intervals admit (the
+    module doc's "Infinities"; kcverify.bounds.engine.infinite_drift does the same on the
+    engine's torch boxes after every node)."""
+    vals = (train_lo, train_hi, inf_lo, inf_hi)
+    if all(bool(np.all(np.isfinite(v))) for v in vals):
+        return drift_lo, drift_hi
+    inf = np.inf
+    tp, tn, ip, in_ = train_hi == inf, train_lo == -inf, inf_hi == inf, inf_lo == -inf
+    tf = (train_hi > -inf) & (train_lo < inf)  # the interval holds a finite value
+    if_ = (inf_hi > -inf) & (inf_lo < inf)
+    nan = (tp & tn) | (ip & in_)  # (-inf, inf): the value may be NaN
+    same = (tp & ip) | (tn & in_)
+    up = nan | (ip & (tf | tn)) | (tn & (if_ | ip))
+    down = nan | (tp & (if_ | in_)) | (in_ & (tf | tp))
+    lo = np.where(down, -inf, np.where(same, np.minimum(drift_lo, 0.0), drift_lo))
+    hi = np.where(up, inf, np.where(same, np.maximum(drift_hi, 0.0), drift_hi))
+    return lo, hi
+
+
 @dataclass
 class DiffBox:
     """Six float64 arrays of one tensor's shape: the train, inference and drift intervals."""
@@ -55,11 +84,13 @@ class DiffBox:
     drift_hi: np.ndarray
 
     def __post_init__(self) -> None:
-        """Fresh float64 arrays; NaN widens to the whole line (see the module doc)."""
+        """Fresh float64 arrays; NaN widens to the whole line, the drift is closed under the
+        infinite values (see the module doc)."""
         for lo, hi in PAIRS:
             a, b = as_float64(getattr(self, lo)), as_float64(getattr(self, hi))
             setattr(self, lo, np.where(np.isnan(a), -np.inf, a))
             setattr(self, hi, np.where(np.isnan(b), np.inf, b))
+        self.drift_lo, self.drift_hi = infinite_drift(*self.arrays())
 
     @classmethod
     def of(cls, box: Any) -> Self:

@@ -195,6 +195,8 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
             results = zono.step(n, list(n.inputs), ins, results, ctx)
         for o, r in zip(n.outputs, results):
             if o:
+                if isinstance(r, Box):
+                    r = infinite_drift(r)
                 if region_tensors and o in region_tensors:
                     r = region_tensors[o](r)
                     if zono is not None:
@@ -206,6 +208,30 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
                 if zono is not None:
                     zono.drop(i)
     return {o: st[o] for o in outs if o in st}
+
+
+def infinite_drift(b: Box) -> Box:
+    """The drift interval closed under the infinite values the value sets admit (semantics
+    §1.1, "Infinities and NaN"; kcverify.boxes.infinite_drift is the same on numpy arrays).
+    The drift of a pair is i - t, 0 for the same infinity in both kernels (a masked entry),
+    +-inf for an infinity against a finite value or the opposite infinity, NaN (no bound)
+    where a value may be NaN: a value set (-inf, inf). A rule bounds the finite pairs; this
+    adds what the infinite ones need, in every domain and after their meet (a value set
+    [inf, inf] in both kernels gets a drift interval holding 0, not [inf, inf])."""
+    vals = torch.stack([b.tl, b.th, b.il, b.ih])
+    if vals.numel() == 0 or bool(torch.isfinite(vals).all()):
+        return b
+    inf = math.inf
+    tp, tn, ip, in_ = b.th == inf, b.tl == -inf, b.ih == inf, b.il == -inf
+    tf, if_ = (b.th > -inf) & (b.tl < inf), (b.ih > -inf) & (b.il < inf)  # a finite value
+    nan = (tp & tn) | (ip & in_)  # (-inf, inf): the value may be NaN
+    same = (tp & ip) | (tn & in_)
+    up = nan | (ip & (tf | tn)) | (tn & (if_ | ip))
+    down = nan | (tp & (if_ | in_)) | (in_ & (tf | tp))
+    zero = torch.zeros_like(b.dl)
+    dl = torch.where(down, -inf, torch.where(same, torch.minimum(b.dl, zero), b.dl))
+    dh = torch.where(up, inf, torch.where(same, torch.maximum(b.dh, zero), b.dh))
+    return Box(b.tl, b.th, b.il, b.ih, dl, dh)
 
 
 def _dispatch(graph: Graph, n, ins: list, rd: str, ctx: RuleCtx, separate: bool) -> tuple:

@@ -252,20 +252,24 @@ def test_reduce_mean_stored_sum_overflows_in_fp16(domain: str) -> None:
     _ok(led, "finding/reduce-mean-fp16", found)
 
 
-@pytest.mark.xfail(strict=True, reason="NEW (adversary, minor): two certain overflows give drift [inf, inf]")
 def test_both_kernels_overflow() -> None:
-    """exp(5339.5) is +inf in both kernels (fp32 and fp16); the drift interval is [inf, inf],
-    which no execution satisfies (inf - inf is NaN; the project's own convention counts equal
-    infinities as drift 0). linf is inf, so no finite bound is claimed."""
+    """exp(5339.5) is +inf in both kernels (fp32 and fp16); the drift interval was [inf, inf]
+    (fp16; [-inf, -inf] in bf16), which no execution satisfies: the project's convention
+    (semantics §1.1, kcverify.boxes) counts the same infinity in both kernels as drift 0, so
+    the drift interval must hold 0 there (engine.infinite_drift, DiffBox). linf stays inf: no
+    finite bound is claimed."""
     led = Ledger()
     f16 = spec(compute="fp16", accumulate="fp32", ulps={"exp": 4})
     x = np.array([[5339.517, 2.0, -5339.517, 0.5], [27194.951, 1.0, 20922.865, -3.0]],
                  np.float32)
+    model = node_model("Exp", [("x", (2, 4))])
     found = []
     for sp in (f16, spec(compute="bf16", accumulate="fp32")):
-        for domain in ("interval", "best"):
-            found += attack(led, "finding/both-overflow", node_model("Exp", [("x", (2, 4))]),
-                            TRAIN, sp, {"x": x}, [(Program(TRAIN), Program(sp))], domain=domain)
+        for domain in ("interval", "linear", "best"):
+            found += attack(led, "finding/both-overflow", model, TRAIN, sp, {"x": x},
+                            [(Program(TRAIN), Program(sp))], domain=domain)
+            assert np.all(certify(graph_of(model), TRAIN, sp, {"x": x}, domain)["y0"].linf()
+                          == np.inf)
     _ok(led, "finding/both-overflow", found)
 
 

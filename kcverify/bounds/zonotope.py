@@ -1226,7 +1226,7 @@ def _ln_row_errors(zt: ZonoTrack, spec: KernelSpec, y: Form, y_nb: Form, parts: 
 
 @zrule("Softmax")
 def _softmax(zt, ctx, states, boxes, results):
-    from kcverify.bounds.rules.softmax import realized_error, softmax_range
+    from kcverify.bounds.rules.softmax import nan_rows, realized_error, softmax_range
 
     x = states[0]
     shape = x.t.shape
@@ -1246,6 +1246,8 @@ def _softmax(zt, ctx, states, boxes, results):
         masked = ~torch.isfinite(f.c)
         if bool((masked & ~(hi == -float("inf"))).any()):
             return None
+        if box is not None and bool(nan_rows(spec, *_box_part(box, k)).any()):
+            return None  # a row that may be NaN (softmax.nan_rows): the box's no-bound stands
         zero = const_form(torch.zeros_like(f.c))
         fz = f_select(~masked, f, zero)
         m = torch.where(masked, torch.full_like(f.c, -float("inf")), f.c).amax(-1, keepdim=True)

@@ -18,8 +18,11 @@ input (sigma' the sum's total relative error, out the output's), plus
 
 Drift (mean-value theorem per component): dp_j = p_j(xi) (dx_j - sum_k p_k(xi) dx_k) for some xi
 in the hull, and sum_k p_k dx_k lies in [min_k dl_k, max_k dh_k] (p is in the simplex) and in
-sum_k P_k * [dl_k, dh_k]. Masked entries (-inf in both kernels) give exactly 0; a row that may
-be masked throughout gives NaN in every program that subtracts its row max: no bound.
+sum_k P_k * [dl_k, dh_k]. Masked entries (-inf in both kernels) give exactly 0. No bound
+(``nan_rows``) on a row that may be masked throughout ((-inf) - (-inf) = NaN in every program
+that subtracts its row max), on a row holding an element that may be +inf (its row max is +inf:
+inf - inf = NaN; fp16 storage of 70000, or attention logits overflowing an fp16 MatMul), and
+where the sum of exps (n terms of at most 1 + rho) may overflow.
 """
 
 from __future__ import annotations
@@ -78,6 +81,19 @@ def realized_error(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, p_hi: t
     return torch.where(ok, err, torch.ones_like(err))
 
 
+def nan_rows(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Rows (keepdim) whose softmax may be NaN in a program conforming to ``spec`` (module doc):
+    every element may be -inf, or one may be +inf, or the row sum may overflow."""
+    from kcverify.bounds.rules.reduce import row_sum_factor
+
+    n = lo.shape[-1]
+    lim = min(spec.accumulate.max_finite, spec.compute.max_finite)
+    k_sum, a_sum = row_sum_factor(spec, n)
+    big = n * (1 + spec.ulp("exp") * spec.compute.u) * (1 + k_sum) * 1.01 + a_sum
+    rows = (lo == -INF).all(-1, keepdim=True) | (hi == INF).any(-1, keepdim=True)
+    return rows | (big > lim)
+
+
 def softmax_box(ctx: RuleCtx, x: Box) -> Box:
     parts = []
     exact = []
@@ -113,10 +129,13 @@ def softmax_box(ctx: RuleCtx, x: Box) -> Box:
     vd_hi = exact[1][1] - exact[0][0]
     d_lo = meet_lo(g_lo, vd_lo) - errs[0] - errs[1]
     d_hi = meet_hi(g_hi, vd_hi) + errs[0] + errs[1]
-    # a row that may be -inf throughout (fully masked): (-inf) - (-inf) = NaN in every program
-    # that subtracts its row max (torch, onnxruntime): no bound there
-    full_t = (x.tl == -INF).all(-1, keepdim=True).expand(d_lo.shape)
-    full_i = (x.il == -INF).all(-1, keepdim=True).expand(d_lo.shape)
+    # no bound on a row that may be NaN in a conforming program: one that may be -inf
+    # throughout (fully masked: (-inf) - (-inf) in every program that subtracts its row max,
+    # torch and onnxruntime), one holding an element that may be +inf (fp16 storage, logits
+    # overflowing in an fp16 MatMul: its row max is +inf and inf - inf = NaN), and one whose sum
+    # of exps may overflow the accumulator or the compute format (each term is <= 1 + rho)
+    full_t = nan_rows(ctx.train, x.tl, x.th).expand(d_lo.shape)
+    full_i = nan_rows(ctx.inf, x.il, x.ih).expand(d_lo.shape)
     if bool((full_t | full_i).any()):
         full = full_t | full_i
         parts = [torch.where(f, v, p) for f, v, p in zip(

@@ -157,7 +157,6 @@ def feeds_for(case: RuleCase, kind: str, sp_name: str, rng: np.random.Generator,
 OPEN_FINDINGS: dict[tuple[str, str, str], str] = {
     ("MatMul", "large", "static"): "test_static_scale_overflow_in_the_linear_domain",
     ("Gemm", "large", "static"): "test_static_scale_overflow_in_the_linear_domain",
-    ("Softmax", "large", "fp16"): "test_softmax_of_an_overflowed_row",
 }
 
 

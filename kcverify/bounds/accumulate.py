@@ -140,3 +140,88 @@ def dot_error(a_lo: torch.Tensor, a_hi: torch.Tensor, b_lo: torch.Tensor, b_hi: 
     if ga is not None and gb is not None:
         err = torch.minimum(err, grain_error(ga, gb, m, acc.mantissa_bits + 1))
     return err
+
+
+# --- Hopper FP8 tensor cores (docs/kernels.md, sm90_fp8) -----------------------------------------
+SM90_BITS = 13  # fraction bits kept below the group's largest exponent, and in the accumulator
+SM90_GROUP = 32
+
+
+def _chunk_cuts(k: int, promote: int | None, split: int, block_cuts: tuple[int, ...]) -> list[int]:
+    """Where a tensor-core accumulation restarts from zero: the split-K parts (aligned to 32),
+    every ``promote`` products, and every scale block."""
+    from kcverify.kernels.realize import split_parts
+
+    cuts = set(split_parts(k, split, SM90_GROUP)) | set(block_cuts) | {0, k}
+    if promote:
+        cuts |= set(range(0, k, promote))
+    return sorted(c for c in cuts if 0 <= c <= k)
+
+
+def sm90_error(a_mag: torch.Tensor, b_mag: torch.Tensor, floor_a: torch.Tensor,
+               floor_b: torch.Tensor, floor_c: torch.Tensor, promote: int | None,
+               splits: tuple[int, ...], block_cuts: tuple[int, ...] = (),
+               u_acc: float = 2.0**-24) -> torch.Tensor:
+    """|computed - exact| of A @ B on Hopper FP8 tensor cores, per output, for every split-K
+    configuration in ``splits`` (the max), in the operands' units.
+
+    ``a_mag`` (..., M, K), ``b_mag`` (..., K, N): upper bounds on |a|, |b| (scaled); ``floor_a``
+    / ``floor_b`` (broadcastable to the rows of A / columns of B): upper bounds on s 2^emin of
+    each operand (a subnormal fp8 value aligns by its format's least exponent); ``floor_c``:
+    s_a s_b 2^-126 (the accumulator's least exponent). The scales must be constant along every
+    chunk (block cuts are chunk cuts).
+
+    One k-group step c' = RZ13(sum trunc_E(t)) over t in {c, p_1..p_G}, E the largest aligned
+    exponent: each term loses less than min(|t|, 2^(E-13)) (truncation toward zero), and the
+    sum's rounding toward zero less than 2^-13 |sum| + 2^(-126-13) (the subnormal range). With
+    2^E <= max(max_p 2^(e_a + e_b), 2^e_c) <= max(max|a|^ max|b|^, A_prev, floor_c) (x^ =
+    max(|x|, floor): the aligned exponent of a subnormal is its format's least) and, since every
+    operation rounds toward zero, |c| <= A_prev = sum of the chunk's earlier |p|:
+
+        err_g <= min(A_prev, tau) + min(P_g, G tau) + 2^-13 (A_prev + P_g) + floor_c 2^-13,
+        tau = 2^-13 max(m_g, A_prev, floor_c).
+
+    The chunks' results (|v| <= their sum of |p|) are promoted into fp32 and added in any
+    order, each possibly rounded on entry (scaled): gamma_(nc+1)(u_acc) sum |p|."""
+    k = a_mag.shape[-1]
+    t = 2.0**-SM90_BITS
+    a_hat = torch.maximum(a_mag, floor_a)
+    b_hat = torch.maximum(b_mag, floor_b)
+    magn = None
+    best = None
+    for split in splits:
+        cuts = _chunk_cuts(k, promote, split, block_cuts)
+        total = None
+        nc = 0
+        for k0, k1 in zip(cuts[:-1], cuts[1:]):
+            if k1 <= k0:
+                continue
+            nc += 1
+            prev = None
+            for g0 in range(k0, k1, SM90_GROUP):
+                g1 = min(k1, g0 + SM90_GROUP)
+                p = a_mag[..., g0:g1] @ b_mag[..., g0:g1, :]
+                p = _pad_sum(p, g1 - g0)
+                m = a_hat[..., g0:g1].amax(-1, keepdim=True) * b_hat[..., g0:g1, :].amax(-2, keepdim=True)
+                a_prev = torch.zeros_like(p) if prev is None else prev
+                tau = t * torch.maximum(torch.maximum(m, a_prev), floor_c)
+                err = (torch.minimum(a_prev, tau) + torch.minimum(p, (g1 - g0) * tau)
+                       + t * (a_prev + p) + t * floor_c)
+                total = err if total is None else total + err
+                prev = a_prev + p
+        if magn is None:
+            magn = _pad_sum(a_mag @ b_mag, k)
+        e = _pad_sum(total, 4 * k) + gamma(nc + 1, u_acc) * magn
+        best = e if best is None else torch.maximum(best, e)
+    return best * (1 + 8 * _U64)
+
+
+def sm90_error_from_magnitude(magn: torch.Tensor, k: int, promote: int | None,
+                              splits: tuple[int, ...], floor: torch.Tensor,
+                              u_acc: float = 2.0**-24) -> torch.Tensor:
+    """sm90_error when only sum |a_k b_k| is known (a caller without the operands): every
+    truncation loses at most the term itself, so a group loses at most (1 + 2^-13) of the
+    magnitudes it holds, <= (1 + 2^-13) magn + floor; sound and wide."""
+    groups = max(1, -(-k // SM90_GROUP)) + 4 * max(splits)
+    return (groups * ((1 + 2.0**-SM90_BITS) * magn + floor) + gamma(groups + 1, u_acc) * magn
+            ) * (1 + 8 * _U64)

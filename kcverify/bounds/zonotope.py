@@ -1040,8 +1040,10 @@ def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
         else:
             y = f_matmul(fa, fb)
         n = a_lo.shape[-1]
+        mm = ((mag(a_lo, a_hi), mag(b_lo, b_hi), sa[1], sb[1])
+              if spec.accumulation.mma is not None else None)  # the tensor-core bound's operands
         acc = accumulation_error(spec, n, mag(a_lo, a_hi) @ mag(b_lo, b_hi), sa[0] * sb[0],
-                                 sa[1] * sb[1])
+                                 sa[1] * sb[1], mm)
         grid = _grid_pair(ctx, spec, k, a, *_pre_cast(a, box_a, k, ctx), aw, axes[0], None,
                           b, *_pre_cast(b, box_b, k, ctx), bw, -1, -2, axes[1], n, count=False)
         if grid is not None:  # the sharper enclosure of exact products (rules/linear.py)

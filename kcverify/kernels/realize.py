@@ -598,6 +598,20 @@ def _chunked(t: torch.Tensor, ad: _Adder, chunk: int, across: str) -> torch.Tens
     return _pairwise(partial, ad) if across == "pairwise" else _sequential(partial, ad)
 
 
+def point_matmul(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor, a_weight: bool,
+                 b_weight: bool, axes: tuple[Any, Any] = (0, 0), split: int | None = None
+                 ) -> torch.Tensor:
+    """A @ B (numpy.matmul broadcasting, both at least 2-D) as the realization of ``spec``
+    computes it - casts by role (``a_weight`` / ``b_weight``: weights, else activations, with
+    sample axes ``axes``), accumulation in the spec's family, the final rounding - in order
+    ``sequential`` and split-K configuration ``split``: for a pinned spec this is the value of
+    every conforming program (the bound engine's point path, bounds/rules/linear.py)."""
+    r = Realization(spec, split=split, sample_axes={"a": axes[0], "b": axes[1]})
+    node = Node("point", "MatMul", ("a", "b"), ("y",))
+    roles = ("weights" if a_weight else "activations", "weights" if b_weight else "activations")
+    return r.matmul(node, a.to(_F64), b.to(_F64), *roles).to(_F64)
+
+
 def random_realization(spec: KernelSpec, rng: _random.Random | np.random.Generator | int) -> Realization:
     """A random conforming program: order, chunk size, rounding and seed drawn from ``rng``."""
     if isinstance(rng, int):

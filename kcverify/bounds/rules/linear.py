@@ -30,12 +30,18 @@ rounding errors; intersected with the value-set difference.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from kcverify.bounds import diagnostics
-from kcverify.bounds.accumulate import dot_error, grain_lower
+from kcverify.bounds import cases, diagnostics
+from kcverify.bounds.accumulate import (
+    dot_error,
+    grain_lower,
+    sm90_error,
+    sm90_error_from_magnitude,
+)
 from kcverify.bounds.box import (
     Box,
     Concrete,
@@ -52,36 +58,67 @@ from kcverify.bounds.casts import (
     SCALE_SLACK,
     activation_cast,
     activation_scale_bounds,
-    block_scale_bounds,
     rne,
     weight_cast,
 )
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
 from kcverify.bounds.rules import cache
-from kcverify.kernels.formats import gamma
+from kcverify.kernels.formats import gamma, get_format
 from kcverify.kernels.spec import KernelSpec
 
 INF = float("inf")
 
 
 def accumulation_error(spec: KernelSpec, n: int, magn: torch.Tensor, s_lo: torch.Tensor,
-                       s_hi: torch.Tensor) -> torch.Tensor:
+                       s_hi: torch.Tensor, operands: tuple | None = None) -> torch.Tensor:
     """The accumulation enclosure of one matmul (kcverify/kernels/spec.py): |fl(sum) - sum| for
-    the n unscaled products q_a q_b of each output, added in any order in the accumulator, in
-    output units. ``magn`` = |A| @ |B| of the cast operands (output units); [s_lo, s_hi] the
+    the n unscaled products q_a q_b of each output, added in the kernel's accumulation family,
+    in output units. ``magn`` = |A| @ |B| of the cast operands (output units); [s_lo, s_hi] the
     product of the two operands' scales (broadcastable to magn; per-block: its range along K).
 
+    Any order (and every pinned schedule, tile_k and split_k, which are members of it):
     gamma_n(u_acc) magn (Higham 3.1: every product and partial sum rounded once per level; the
     products need not be representable) + n eta_acc s_hi (each rounding's underflow, in the
     unscaled units, and the blocks' rescalings) - and infinite where the unscaled sum
-    magn / s_lo (1 + gamma_n), a bound on every partial sum, may overflow the accumulator."""
+    magn / s_lo (1 + gamma_n), a bound on every partial sum, may overflow the accumulator.
+
+    ``mma: sm90_fp8``: kcverify.bounds.accumulate.sm90_error over the spec's promotion interval
+    and split-K set, from ``operands`` = (|A|, |B|, s_hi of A's rows, s_hi of B's columns) in
+    output units; without them the wide magnitude-only bound."""
     acc = spec.accumulate
+    fam = spec.accumulation
     g = gamma(n, acc.u)
-    err = g * magn * (1 + (n + 4) * 2.0**-52) + n * acc.eta * torch.clamp(s_hi, min=1.0)
+    if fam.mma is not None:
+        emin = {f: round(math.log2(get_format(f).min_normal)) for f in ("fp8_e4m3", "fp8_e5m2")}
+        fa = spec.activations.format.name if spec.activations is not None else "fp8_e4m3"
+        fw = spec.weights.format.name if spec.weights is not None else "fp8_e4m3"
+        lo_e = 2.0 ** min(emin[fa], emin[fw])
+        floor_c = s_hi * 2.0**-126
+        if operands is not None:
+            a_mag, b_mag, sa_hi, sb_hi = operands
+            err = sm90_error(a_mag, b_mag, sa_hi * lo_e, sb_hi * lo_e, floor_c, fam.promote,
+                             fam.split_k, _block_cuts(spec, n), acc.u)
+        else:
+            err = sm90_error_from_magnitude(magn, n, fam.promote, fam.split_k,
+                                            s_hi * lo_e * lo_e * 4 + floor_c, acc.u)
+        err = err + n * acc.eta * torch.clamp(s_hi, min=1.0)
+    else:
+        err = g * magn * (1 + (n + 4) * 2.0**-52) + n * acc.eta * torch.clamp(s_hi, min=1.0)
     over = magn * (1 + g) / s_lo.clamp_min(1e-300) >= acc.max_finite * (1 - 2.0**-40)
     if bool(over.any()):
         err = torch.where(over, torch.full_like(err, INF), err)
     return err
+
+
+def _block_cuts(spec: KernelSpec, k: int) -> tuple[int, ...]:
+    """K positions where a blocked scale of either operand changes (chunk cuts)."""
+    cuts: set[int] = set()
+    for cs in (spec.weights, spec.activations):
+        if cs is not None:
+            blk = cs.kind.k_block(cs)
+            if blk:
+                cuts.update(range(0, k, blk))
+    return tuple(sorted(cuts))
 
 
 def operand_scales(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tensor,
@@ -99,11 +136,9 @@ def operand_scales(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torc
     if weight and isinstance(x, Concrete) and x.rounds == 0:
         s = weight_scale(x.value.to(lo.device, torch.float64), cs, out_axis, k_axis)
         s_lo, s_hi = s, s
-    elif cs.scale in ("none", "static", "dynamic_per_tensor", "dynamic_per_token"):
+    elif "activations" in cs.kind.roles:  # the kind's enclosure (mx / nv: weights too)
         axis = ctx.sample_axis(0 if side == "left" else 1) if sample_axis is None else sample_axis
         s_lo, s_hi = activation_scale_bounds(lo, hi, cs, side, axis, ctx.batch)
-    elif cs.scale == "dynamic_per_block":
-        s_lo, s_hi = block_scale_bounds(lo, hi, cs, side)
     else:  # a weight scale of a computed (rounded) weight: anything from the floor to amax
         m = float(cs.format.max_finite)
         s_lo = one * (cs.floor / m * 0.99)
@@ -132,16 +167,21 @@ def _operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tens
     if cs is not None:
         axis = ctx.sample_axis(0 if side == "left" else 1) if sample_axis is None else sample_axis
         c_lo, c_hi = activation_cast(lo, hi, cs, spec.rounding, side, deq, axis, ctx.batch)
+        if cases.active() and not weight and spec.rounding == "nearest":  # proof by cases
+            c_lo, c_hi = cases.forced_values((ctx.node.name, side, spec.name), lo, hi, cs, side,
+                                             axis, ctx.batch, c_lo, c_hi, deq)
         e_lo, e_hi = c_lo - hi, c_hi - lo
-        k = 1.0 if spec.rounding == "nearest" else 2.0  # half / a full spacing
-        if cs.format.kind == "float" and cs.scale in ("none", "static"):
+        kind = cs.kind
+        rel = kind.relative(cs, spec.rounding)  # None: no relative model (a saturating kind)
+        if rel is not None and not cs.ftz and kind.name in ("none", "static"):
             s = 1.0 if cs.scale == "none" else float(cs.value or 1.0)
-            r = pad_hi(k * (cs.format.u * torch.maximum(lo.abs(), hi.abs()) + cs.format.eta * s), 1e-9)
+            r = pad_hi(rel[0] * torch.maximum(lo.abs(), hi.abs()) + rel[1] * s, 1e-9)
             e_lo, e_hi = torch.maximum(e_lo, -r), torch.minimum(e_hi, r)
-        elif cs.format.kind == "float":  # dynamic: s <= max(amax, floor) / max_finite
+        elif rel is not None and not cs.ftz and kind.amax_based:
+            # s <= max(amax, floor) / max_finite: |a / s| stays within the format
             m = torch.maximum(lo.abs(), hi.abs())
             s_top = torch.clamp(m.amax(), min=cs.floor) / cs.format.max_finite * 1.01
-            r = pad_hi(k * (cs.format.u * m + cs.format.eta * s_top), 1e-9)
+            r = pad_hi(rel[0] * m + rel[1] * s_top, 1e-9)
             e_lo, e_hi = torch.maximum(e_lo, -r), torch.minimum(e_hi, r)
         return c_lo, c_hi, e_lo, e_hi
     if weight and isinstance(x, Concrete):
@@ -194,6 +234,10 @@ def _grid_operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch
         lim = cs.format.max_finite * (1 + 2 * SCALE_SLACK)
         t_lo, t_hi = t_lo.clamp(-lim, lim), t_hi.clamp(-lim, lim)
     q_lo, q_hi = rne(t_lo, cs.format), rne(t_hi, cs.format)
+    if cases.active():  # proof by cases (bounds/cases.py): the decided elements are forced
+        q_lo, q_hi, _ = cases.force_q((ctx.node.name, side, spec.name), q_lo, q_hi,
+                                      lambda q: cases.next_up(q, cs.format), sample_axis,
+                                      ctx.batch)
     if count:
         _note_unstable(q_lo != q_hi, sample_axis)
     return cs.format, q_lo, q_hi, s_lo, s_hi
@@ -218,6 +262,8 @@ def grid_accumulation(spec: KernelSpec, ga: tuple, gb: tuple, n: int
     fa, qa_lo, qa_hi, sa_lo, sa_hi = ga
     fb, qb_lo, qb_hi, sb_lo, sb_hi = gb
     acc = spec.accumulate
+    if spec.accumulation.mma is not None:
+        return None  # the grain enclosure is for round-to-nearest accumulators
     if fa.mantissa_bits + fb.mantissa_bits + 2 > acc.mantissa_bits + 1:
         return None
     if not all(bool(torch.isfinite(t).all()) for t in (qa_lo, qa_hi, qb_lo, qb_hi)):
@@ -302,7 +348,9 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
         lo, hi, magn = imatmul(*ca, *cb)
         # an infinite cast image (a static scale that may overflow) makes inf - inf: no bound
         lo, hi, magn = nan_to(lo, -INF), nan_to(hi, INF), nan_to(magn, INF)
-        acc = accumulation_error(spec, n, magn, sa[0] * sb[0], sa[1] * sb[1])
+        mm = ((mag(*ca), mag(*cb), sa[1], sb[1]) if spec.accumulation.mma is not None
+              else None)
+        acc = accumulation_error(spec, n, magn, sa[0] * sb[0], sa[1] * sb[1], mm)
         lo, hi = lo - acc, hi + acc
         grid = _grid_pair(ctx, spec, k, a, a_lo, a_hi, a_weight, ax_a, ws, b, b_lo, b_hi,
                           b_weight, b_out_axis, b_k_axis, ax_b, n)
@@ -311,6 +359,10 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
             lo, hi = torch.maximum(lo, g_lo), torch.minimum(hi, g_hi)
             acc = torch.minimum(acc, g_err)
         lo, hi, rnd = ctx.round(spec, "mul", lo, hi, steps=2)
+        point = _pinned_point(spec, a_lo, a_hi, a_weight, ax_a, b_lo, b_hi, b_weight, ax_b,
+                              b_out_axis)
+        if point is not None:  # one schedule at a point: the value itself
+            lo, hi = point
         vals += [lo, hi]
         errs.append(pad_hi(acc + rnd))
         ops.append((ca, cb, ea, eb))
@@ -325,6 +377,46 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
     dl = pad_lo(d1_lo + d2_lo) - errs[0] - errs[1]
     dh = pad_hi(d1_hi + d2_hi) + errs[0] + errs[1]
     return Box.make(*vals, dl, dh)
+
+
+def _stored_point(lo: torch.Tensor, hi: torch.Tensor, spec: KernelSpec) -> torch.Tensor | None:
+    """The one compute-format value in [lo, hi] (a tensor is stored in the compute format;
+    the dispatcher pads a point outward by float64 ulps), or None when there are several."""
+    from kcverify.kernels.cast import round_to_format
+
+    if torch.equal(lo, hi):
+        return lo if bool(torch.isfinite(lo).all()) else None
+    if not (bool(torch.isfinite(lo).all()) and bool(torch.isfinite(hi).all())):
+        return None
+    up = round_to_format(lo, spec.compute, "up")
+    if not torch.equal(up, round_to_format(hi, spec.compute, "down")):
+        return None
+    return up if bool(torch.isfinite(up).all()) else None
+
+
+def _pinned_point(spec: KernelSpec, a_lo: torch.Tensor, a_hi: torch.Tensor, a_weight: bool, ax_a,
+                  b_lo: torch.Tensor, b_hi: torch.Tensor, b_weight: bool, ax_b,
+                  b_out_axis: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For a pinned accumulation (order sequential / pairwise: one schedule per split-K
+    configuration) with point operands, the value every conforming program computes: the
+    realization's own cast, accumulation and rounding, hulled over the split-K set. None when
+    the operands are not points, the casts may round otherwise (``rounding: any``), or a value
+    is not finite (the general rule decides)."""
+    fam = spec.accumulation
+    if not fam.pinned or spec.rounding != "nearest" or b_out_axis not in (-1, b_lo.dim() - 1):
+        return None
+    a_pt, b_pt = _stored_point(a_lo, a_hi, spec), _stored_point(b_lo, b_hi, spec)
+    if a_pt is None or b_pt is None:
+        return None
+    a_lo, b_lo = a_pt, b_pt
+    from kcverify.kernels.realize import point_matmul
+
+    vals = [point_matmul(spec, a_lo, b_lo, a_weight, b_weight, (ax_a, ax_b), split)
+            for split in fam.split_k]
+    if not all(bool(torch.isfinite(v).all()) for v in vals):
+        return None
+    v = torch.stack(vals)
+    return v.amin(0), v.amax(0)
 
 
 def _grid_pair(ctx: RuleCtx, spec: KernelSpec, k: int, a, a_lo, a_hi, a_weight: bool, ax_a,
@@ -412,5 +504,31 @@ def gemm(ctx: RuleCtx, a, b, c=None) -> Box:
         if beta != 1.0:
             s = torch.full((), beta, dtype=torch.float64)
             cb = mul_box(ctx, cb, ctx.lift(Concrete(s)))
-        y = add_rule(ctx, y, cb)
+        z = add_rule(ctx, y, cb)
+        if beta == 1.0:
+            z = _pinned_bias(ctx, y, c, cb, z)
+        y = z
     return y
+
+
+def _pinned_bias(ctx: RuleCtx, y: Box, c_raw, c: Box, z: Box) -> Box:
+    """A pinned kernel's bias add at a point is one correctly rounded addition (kernels/spec.py:
+    + - * / round to nearest in a pinned kernel) of the bias as the graph holds it (a constant
+    is used as it is, like the realization does): its value, inside the add rule's set."""
+    from kcverify.kernels.cast import add_nearest
+
+    parts = list(z.parts())
+    for k, spec in enumerate(ctx.kernels):
+        y_lo, y_hi = (y.tl, y.th) if k == 0 else (y.il, y.ih)
+        if isinstance(c_raw, Concrete) and c_raw.rounds == 0:
+            c_pt = c_raw.value.to(y_lo.device, torch.float64)
+            c_pt = c_pt if bool(torch.isfinite(c_pt).all()) else None
+        else:
+            c_pt = _stored_point(*((c.tl, c.th) if k == 0 else (c.il, c.ih)), spec)
+        y_pt = _stored_point(y_lo, y_hi, spec)
+        if not spec.accumulation.pinned or y_pt is None or c_pt is None:
+            continue
+        v = add_nearest(*torch.broadcast_tensors(y_pt, c_pt), spec.compute)
+        if bool(torch.isfinite(v).all()):
+            parts[2 * k], parts[2 * k + 1] = v, v.clone()
+    return Box.make(*parts)

@@ -189,6 +189,8 @@ class BoundResult:
     blocks: list[dict[str, str]] = field(default_factory=list)
     # per input: activation casts whose input enclosure straddles a rounding midpoint
     unstable_casts: np.ndarray | None = None
+    # the memory budget's decisions (kcverify.bounds.memory): a method replaced by a cheaper one
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The ``bound --json`` object (schema ``bound``), plain JSON values."""
@@ -255,7 +257,8 @@ def kernels_of(contract_path: PathLike) -> tuple[Any, Any]:
 def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
           domain: str = "best", device: str = "cpu", eps: float = 0.0, space: str = "input",
           workers: int | None = None, ray_address: str | None = None,
-          progress: Callable[[int, int], None] | None = None) -> BoundResult:
+          progress: Callable[[int, int], None] | None = None, cases: int = 0,
+          memory: int | None = None) -> BoundResult:
     """Certified drift bounds between the contract's kernels on each input (``kcverify bound``).
 
     ``inputs``: a .npy/.npz path, an array (the model's single input) or a mapping input name ->
@@ -263,7 +266,11 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
     of that radius around each input (``space`` input or embedding). ``progress(done, total)``
     is called with 0 first, then after each work item (relational domains: one input each). ``workers`` /
     ``ray_address`` run the work items on Ray (kcverify.distributed); the bounds are the
-    serial ones, in input order."""
+    serial ones, in input order. ``cases > 0``: a proof by cases over each input's unstable
+    casts, up to that many cases per input, in the interval domain (kcverify.bounds.cases;
+    point inputs only); ``unstable_casts`` then counts those left in the cases. ``memory``: the
+    bound engine's budget in bytes (kcverify.bounds.memory; default half of physical memory);
+    its decisions are in ``notes``."""
     import numpy as np
 
     from kcverify.bounds import Region
@@ -275,7 +282,10 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
     feeds = read_inputs(inputs) if isinstance(inputs, str | os.PathLike) else inputs
     device = check_device(device, "device")
     region = Region(space, "linf", eps) if eps > 0 else None
-    items = [dict(feeds=part, region=region, domain=domain, device=device)
+    if cases > 0:
+        return _bound_by_cases(model, contract, graph, train, inf, feeds, cases, device, eps,
+                               workers or ray_address)
+    items = [dict(feeds=part, region=region, domain=domain, device=device, memory=memory)
              for part in input_chunks(feeds, domain)]
     finished = 0
 
@@ -299,7 +309,27 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
         region=None if region is None else {"space": region.space, "norm": region.norm,
                                              "eps": region.eps},
         blocks=[{"name": b.name, "digest": b.digest, "method": b.method}
-                for b in results[0].blocks])
+                for b in results[0].blocks],
+        notes=list(dict.fromkeys(n for r in results for n in getattr(r, "notes", []))))
+
+
+def _bound_by_cases(model: PathLike, contract: PathLike, graph: Any, train: Any, inf: Any,
+                    feeds: Any, cases: int, device: str, eps: float, distributed: Any
+                    ) -> BoundResult:
+
+    from kcverify.bounds.cases import certify_cases
+    from kcverify.bounds.engine import _as_feeds
+    from kcverify.errors import BoundError
+
+    if eps > 0 or distributed:
+        raise BoundError("--cases bounds point inputs in one process: drop --eps / --workers")
+    res = certify_cases(graph, train, inf, _as_feeds(graph, feeds), max_leaves=cases,
+                        device=device)
+    return BoundResult(model=os.fspath(model), contract=os.fspath(contract), domain="interval",
+                       linf=res.linf, unstable_casts=res.unstable_left, seconds=res.seconds,
+                       region=None,
+                       blocks=[{"name": "model", "digest": graph.digest(),
+                                "method": f"cases<={cases}"}])
 
 
 __all__ = ["BoundResult", "bound", "check", "check_device", "dumps", "json_value",

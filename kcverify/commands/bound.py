@@ -26,6 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--domain", default="best", choices=["interval", "linear", "best"],
                    help="abstract domain (default: best)")
     p.add_argument("--device", default="cpu", help="torch device for the bound computation")
+    p.add_argument("--memory", metavar="SIZE",
+                   help="memory budget of the bound engine (e.g. 4G, 512M, 50%%; default half "
+                        "of physical memory): a method that cannot fit is replaced by intervals, "
+                        "with a note")
     p.add_argument("--eps", type=float, default=0.0,
                    help="bound over a box (L-inf ball) of this radius around each input")
     p.add_argument("--space", default="input", choices=["input", "embedding"],
@@ -35,12 +39,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(kcverify[ray]; the relational domains bound one input per task)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="bound the inputs on an existing Ray cluster (ray://host:10001, auto)")
+    p.add_argument("--cases", type=int, default=0, metavar="N",
+                   help="prove each input by cases over its unstable fp8 casts, up to N cases per "
+                        "input (interval domain, point inputs; docs/bounds.md)")
     p.add_argument("--json", action="store_true",
                    help="print strict JSON (an infinite bound is the string \"inf\")")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from kcverify.bounds.memory import parse_size
     from kcverify.progress import Bar
 
     check_device(args.device)
@@ -56,15 +64,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = bound(args.model, args.contract, args.inputs, domain=args.domain,
                     device=args.device, eps=args.eps, space=args.space, workers=args.workers,
-                    ray_address=args.ray_address, progress=progress)
+                    ray_address=args.ray_address, progress=progress, cases=args.cases,
+                    memory=None if args.memory is None else parse_size(args.memory))
     finally:
         if bar is not None:
             bar.close()
+    for note in res.notes:
+        sys.stderr.write(f"kcverify bound: memory: {note}\n")
     if args.json:
         print(dumps(res.to_json()))
         return 0
     w = sys.stdout.write
-    w(f"{args.model}: certified drift bounds (kernels train -> inf, domain {args.domain}, "
+    how = res.domain if not args.cases else f"interval by cases, <= {args.cases} per input"
+    w(f"{args.model}: certified drift bounds (kernels train -> inf, domain {how}, "
       f"{len(res.blocks)} blocks, {res.seconds:.2f} s)\n")
     for k, v in enumerate(res.linf):
         unstable = ("" if res.unstable_casts is None

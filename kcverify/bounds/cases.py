@@ -1,0 +1,319 @@
+"""Proof by cases over the discrete decisions of fp8 casts (issue 12, lever 2).
+
+A cast of an activation to a float format (fp8) is *stable* at an input when the enclosure of
+its quotient x / s lies strictly between two rounding midpoints: every conforming program then
+casts it to the same value. It is *unstable* when the enclosure straddles one midpoint: the
+format values q_lo < q_hi adjacent, and each conforming program picks one of the two. A single
+unstable cast widens everything downstream by a full fp8 spacing in the interval domain, which
+makes more casts downstream unstable, and so on (an avalanche: ~50 straddles in one attention
+layer leave every later cast unstable).
+
+A *case split* on an unstable cast element e of site t (a MatMul operand: node, side, kernel)
+partitions the programs by the value they cast e to: {P : cast_P(e) = q_lo} and
+{P : cast_P(e) = q_hi}. Their union is every conforming program, because the enclosure
+[q_lo, q_hi] (computed in the same case, so under the same earlier decisions) holds no third
+value. In each case the cast of e is one known value v, so the bound of that case forces it
+(value v s, s the scale's interval) and everything downstream stays narrow. The drift of the
+whole family is then the hull of the cases' drifts.
+
+Cases are leaves of a binary tree: a split node names (site, element, the two values) and has one
+child per value; a leaf is bounded by running the interval domain with every decision on its
+path forced. ``run_forced`` checks, at every forced element, that the element's unforced
+enclosure lies in the split's two values: a decision that does not cover what the analysis
+admits there is refused (``CaseError``), so a tree whose leaves are all re-bounded covers every
+conforming program by construction. The checker re-runs every leaf the same way
+(kcverify.certs.cases_rule).
+
+Sites are keyed by node name, operand side and kernel name; an element by its flat index in the
+operand with the sample axis removed (one input's part of the tensor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+Site = tuple[str, str, str]  # (node name, "left" | "right", kernel name)
+
+
+class CaseError(Exception):
+    """A forced decision that does not cover the enclosure (or names no visited site)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Force element ``index`` of ``site``'s cast to ``value``; ``other`` is the split's second
+    value (the enclosure there must lie in {value, other})."""
+
+    site: Site
+    index: int
+    value: float
+    other: float
+
+    def to_json(self) -> list[Any]:
+        return [list(self.site), self.index, float(self.value).hex(), float(self.other).hex()]
+
+    @staticmethod
+    def from_json(raw: Any) -> Decision:
+        if (not isinstance(raw, list) or len(raw) != 4 or not isinstance(raw[0], list)
+                or len(raw[0]) != 3 or not all(isinstance(s, str) for s in raw[0])
+                or not isinstance(raw[1], int) or isinstance(raw[1], bool) or raw[1] < 0
+                or not isinstance(raw[2], str) or not isinstance(raw[3], str)):
+            raise CaseError(f"a decision must be [[node, side, kernel], index, value, other], "
+                            f"not {raw!r}")
+        try:
+            v, o = float.fromhex(raw[2]), float.fromhex(raw[3])
+        except ValueError:
+            raise CaseError(f"a decision's values must be hex floats, not {raw[2:]!r}") from None
+        if not (v == v and o == o) or v == o:
+            raise CaseError(f"a decision's two values must be distinct numbers, not {raw[2:]!r}")
+        return Decision((raw[0][0], raw[0][1], raw[0][2]), raw[1], v, o)
+
+
+@dataclass
+class Unstable:
+    """The unstable, splittable elements one run saw at one site, per batch row."""
+
+    site: Site
+    rows: list[list[tuple[int, float, float]]]  # per row: (index, q_lo, q_hi)
+
+
+@dataclass
+class _Run:
+    decisions: list[dict[Site, dict[int, Decision]]]  # per batch row
+    seen: dict[Site, Unstable] = field(default_factory=dict)
+    used: list[set[tuple[Site, int]]] = field(default_factory=list)
+
+
+_ACTIVE: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("kcverify_cases",
+                                                                      default=None)
+
+
+def active() -> bool:
+    return _ACTIVE.get() is not None
+
+
+@contextlib.contextmanager
+def forcing(decisions: list[list[Decision]]) -> Iterator[_Run]:
+    """Within the block, the interval MatMul rule forces, for batch row b, every decision of
+    ``decisions[b]`` and records the unstable elements it sees. On exit, every decision must
+    have been applied (a decision naming a site or element the run never cast is refused)."""
+    rows: list[dict[Site, dict[int, Decision]]] = []
+    for row in decisions:
+        per: dict[Site, dict[int, Decision]] = {}
+        for d in row:
+            if d.index in per.setdefault(d.site, {}):
+                raise CaseError(f"element {d.index} of {d.site} is decided twice on one path")
+            per[d.site][d.index] = d
+        rows.append(per)
+    run = _Run(rows, used=[set() for _ in rows])
+    token = _ACTIVE.set(run)
+    try:
+        yield run
+    finally:
+        _ACTIVE.reset(token)
+    for b, per in enumerate(rows):
+        for site, ds in per.items():
+            for i in ds:
+                if (site, i) not in run.used[b]:
+                    raise CaseError(f"a decision names element {i} of {site}, which the analysis "
+                                    "never cast there")
+
+
+def _rows_view(t: torch.Tensor, sample_axis: Any, batch: int) -> torch.Tensor:
+    """(batch, rest) view of an operand-shaped tensor (the sample axis first)."""
+    if batch == 1 and not (isinstance(sample_axis, int) and not isinstance(sample_axis, bool)):
+        return t.reshape(1, -1)
+    if not (isinstance(sample_axis, int) and not isinstance(sample_axis, bool)):
+        raise CaseError("a case split needs the operand's sample axis (it is unknown here)")
+    a = sample_axis % t.dim()
+    if t.shape[a] != batch:
+        raise CaseError(f"operand axis {a} has {t.shape[a]} rows, the run {batch}")
+    return t.movedim(a, 0).reshape(batch, -1)
+
+
+def force_q(site: Site, q_lo: torch.Tensor, q_hi: torch.Tensor, next_up: Any,
+            sample_axis: Any, batch: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Apply the active run's decisions at ``site`` to the cast enclosure [q_lo, q_hi] (format
+    values, operand-shaped). Returns (q_lo, q_hi, forced mask). ``next_up(q)``: the next format
+    value above q (adjacency of a splittable pair). Records the unstable elements left."""
+    run = _ACTIVE.get()
+    shape = torch.broadcast_shapes(q_lo.shape, q_hi.shape)
+    q_lo, q_hi = q_lo.expand(shape).clone(), q_hi.expand(shape).clone()
+    forced = torch.zeros(shape, dtype=torch.bool, device=q_lo.device)
+    if run is None:
+        return q_lo, q_hi, forced
+    nb = len(run.decisions)
+    if batch is not None and batch != nb:
+        raise CaseError(f"the run has {nb} cases, the analysis {batch} samples")
+    lo_r, hi_r, f_r = (_rows_view(t, sample_axis, nb) for t in (q_lo, q_hi, forced))
+    lo_r, hi_r, f_r = lo_r.clone(), hi_r.clone(), f_r.clone()
+    adj = (lo_r != hi_r) & (hi_r == next_up(lo_r))
+    unstable: list[list[tuple[int, float, float]]] = []
+    for b in range(nb):
+        ds = run.decisions[b].get(site, {})
+        for i, d in ds.items():
+            if i >= lo_r.shape[1]:
+                raise CaseError(f"element {i} of {site} is beyond its {lo_r.shape[1]} elements")
+            a, c = float(lo_r[b, i]), float(hi_r[b, i])
+            if not ({a, c} <= {d.value, d.other}):
+                raise CaseError(f"the case split at element {i} of {site} covers "
+                                f"{{{d.value!r}, {d.other!r}}}, the analysis admits [{a!r}, {c!r}]")
+            lo_r[b, i] = hi_r[b, i] = d.value
+            f_r[b, i] = True
+            run.used[b].add((site, i))
+        idx = torch.nonzero(adj[b] & ~f_r[b]).reshape(-1).tolist()
+        unstable.append([(i, float(lo_r[b, i]), float(hi_r[b, i])) for i in idx])
+    if site not in run.seen:
+        run.seen[site] = Unstable(site, unstable)
+
+    def back(r: torch.Tensor) -> torch.Tensor:
+        if r.shape[0] == 1 and not (isinstance(sample_axis, int) and not isinstance(sample_axis, bool)):
+            return r.reshape(shape)
+        a = sample_axis % len(shape)
+        moved = [shape[a]] + [s for k, s in enumerate(shape) if k != a]
+        return r.reshape(moved).movedim(0, a)
+    return back(lo_r), back(hi_r), back(f_r)
+
+
+def next_up(q: torch.Tensor, fmt: Any) -> torch.Tensor:
+    """The next value of the float format ``fmt`` above q (q a value of the format)."""
+    emin = int(round(torch.log2(torch.tensor(fmt.min_normal, dtype=torch.float64)).item()))
+    a = q.abs()
+    m, E = torch.frexp(a)
+    e = E.to(torch.float64) - 1
+    up = torch.exp2(torch.clamp(e, min=emin) - fmt.mantissa_bits)
+    up = torch.where(a == 0, torch.full_like(up, 2.0 ** (emin - fmt.mantissa_bits)), up)
+    eb = torch.where(m == 0.5, e - 1, e)
+    down = torch.exp2(torch.clamp(eb, min=emin) - fmt.mantissa_bits)
+    return torch.where(q >= 0, q + up, q + down)
+
+
+SPLITTABLE_SCALES = ("none", "static", "dynamic_per_tensor", "dynamic_per_token")
+
+
+def cast_enclosure(lo: torch.Tensor, hi: torch.Tensor, cs: Any, side: str, sample_axis: Any,
+                   batch: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                               torch.Tensor] | None:
+    """(q_lo, q_hi, s_lo, s_hi): the format values a round-to-nearest cast of x in [lo, hi]
+    takes, and the scale's interval, as the MatMul rule's grid path computes them; None for
+    casts a case split does not handle (integer formats, per-block scales)."""
+    from kcverify.bounds.box import imul, pad_hi, pad_lo
+    from kcverify.bounds.casts import SCALE_SLACK, activation_scale_bounds, rne
+
+    if cs.format.kind != "float" or cs.scale not in SPLITTABLE_SCALES:
+        return None
+    s_lo, s_hi = activation_scale_bounds(lo, hi, cs, side, sample_axis, batch)
+    t_lo, t_hi = imul(lo, hi, 1.0 / s_hi, 1.0 / s_lo)
+    t_lo, t_hi = pad_lo(t_lo, SCALE_SLACK), pad_hi(t_hi, SCALE_SLACK)
+    if cs.scale.startswith("dynamic"):
+        lim = cs.format.max_finite * (1 + 2 * SCALE_SLACK)
+        t_lo, t_hi = t_lo.clamp(-lim, lim), t_hi.clamp(-lim, lim)
+    return rne(t_lo, cs.format), rne(t_hi, cs.format), s_lo, s_hi
+
+
+def forced_values(site: Site, lo: torch.Tensor, hi: torch.Tensor, cs: Any, side: str,
+                  sample_axis: Any, batch: int | None, c_lo: torch.Tensor, c_hi: torch.Tensor,
+                  deq_u: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dequantised cast values [c_lo, c_hi] of an activation operand with the active run's
+    decisions at ``site`` applied: a forced element holds v s for its value v and s in the
+    scale's interval, dequantised with relative rounding ``deq_u``."""
+    from kcverify.bounds.box import pad_hi, pad_lo
+
+    enc = cast_enclosure(lo, hi, cs, side, sample_axis, batch)
+    if enc is None:
+        return c_lo, c_hi
+    q_lo, q_hi, s_lo, s_hi = enc
+    q_lo, q_hi, forced = force_q(site, q_lo, q_hi, lambda q: next_up(q, cs.format),
+                                 sample_axis, batch)
+    if not bool(forced.any()):
+        return c_lo, c_hi
+    a, b = q_lo * s_lo, q_lo * s_hi
+    v_lo, v_hi = torch.minimum(a, b), torch.maximum(a, b)
+    r = (deq_u + 2.0**-52) * q_lo.abs() * s_hi
+    v_lo, v_hi = pad_lo(v_lo - r), pad_hi(v_hi + r)
+    return torch.where(forced, v_lo, c_lo), torch.where(forced, v_hi, c_hi)
+
+
+@dataclass
+class CaseResult:
+    """Per input: the certified bound (max over the leaves), the leaves' decision paths, and
+    the unstable casts left in the leaves (summed); ``runs``: analyses made."""
+
+    linf: Any  # np.ndarray (batch,)
+    leaves: list[list[list[Decision]]]
+    unstable_left: Any  # np.ndarray (batch,)
+    seconds: float
+    runs: int
+
+
+def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_leaves: int = 64,
+                  per_split: int = 3, domain: str = "interval", device: str = "cpu",
+                  progress: Any = None) -> CaseResult:
+    """Drift bound of each input (a point) by cases over its unstable casts (module doc).
+
+    Per input, a frontier of cases (decision paths) starts at the empty path; each round bounds
+    every case of every input in one batched run of ``domain`` over the whole graph, then
+    splits each case at the first site (in graph order) where unstable elements remain, on up to
+    ``per_split`` of them (2^k children), while the input's leaves stay <= ``max_leaves``. A case
+    left unsplit (no unstable element, or the budget spent) is a leaf. The bound of an input is
+    the max over its leaves: every conforming pair of programs lies in exactly one leaf."""
+    import time
+
+    import numpy as np
+
+    from kcverify.bounds.engine import certify_drift, whole_graph
+
+    t0 = time.perf_counter()
+    names = list(feeds)
+    batch = int(np.asarray(feeds[names[0]]).shape[0])
+    blks = whole_graph(graph)
+    paths: list[list[list[Decision]]] = [[[]] for _ in range(batch)]
+    final: list[list[bool]] = [[False] for _ in range(batch)]
+    linf: list[list[float]] = [[float("inf")] for _ in range(batch)]
+    left: list[list[int]] = [[0] for _ in range(batch)]
+    runs = 0
+    while True:
+        todo = [(i, j) for i in range(batch) for j in range(len(paths[i])) if not final[i][j]]
+        if not todo:
+            break
+        rows = np.array([i for i, _ in todo])
+        fd = {k: np.asarray(v)[rows] for k, v in feeds.items()}
+        with forcing([paths[i][j] for i, j in todo]) as run:
+            res = certify_drift(graph, train, inf, fd, domain=domain, device=device, blocks=blks)
+        runs += 1
+        if progress is not None:
+            progress(runs, sum(len(p) for p in paths))
+        grown: dict[int, list[tuple[int, list[list[Decision]]]]] = {}
+        for b, (i, j) in enumerate(todo):
+            linf[i][j] = float(res.linf[b])
+            left[i][j] = int(res.unstable_casts[b]) if res.unstable_casts is not None else 0
+            first = next(((s, u.rows[b]) for s, u in run.seen.items() if u.rows[b]), None)
+            room = max_leaves - len(paths[i]) - sum(len(k) - 1 for _, k in grown.get(i, []))
+            if first is None or room < 1:
+                final[i][j] = True
+                continue
+            site, els = first
+            kids = [paths[i][j]]
+            for idx, a, c in els[:per_split]:
+                if len(kids) > room:
+                    break
+                room -= len(kids)
+                kids = [p + [Decision(site, idx, v, o)] for p in kids for v, o in ((a, c), (c, a))]
+            if len(kids) == 1:
+                final[i][j] = True
+                continue
+            grown.setdefault(i, []).append((j, kids))
+        for i, splits in grown.items():
+            for j, kids in sorted(splits, key=lambda t: -t[0]):
+                paths[i][j:j + 1] = kids
+                final[i][j:j + 1] = [False] * len(kids)
+                linf[i][j:j + 1] = [float("inf")] * len(kids)
+                left[i][j:j + 1] = [0] * len(kids)
+    return CaseResult(np.array([max(v) for v in linf]), paths,
+                      np.array([sum(v) for v in left]), time.perf_counter() - t0, runs)

@@ -148,14 +148,12 @@ SM90_GROUP = 32
 
 
 def _chunk_cuts(k: int, promote: int | None, split: int, block_cuts: tuple[int, ...]) -> list[int]:
-    """Where a tensor-core accumulation restarts from zero: the split-K parts (aligned to 32),
-    every ``promote`` products, and every scale block."""
-    from kcverify.kernels.realize import split_parts
+    """Where a tensor-core accumulation restarts from zero (kernels/realize.py chunk_cuts: the
+    split-K parts, aligned to 32, every ``promote`` products within a part, every scale
+    block)."""
+    from kcverify.kernels.realize import chunk_cuts
 
-    cuts = set(split_parts(k, split, SM90_GROUP)) | set(block_cuts) | {0, k}
-    if promote:
-        cuts |= set(range(0, k, promote))
-    return sorted(c for c in cuts if 0 <= c <= k)
+    return chunk_cuts(k, promote, split, block_cuts)
 
 
 def sm90_error(a_mag: torch.Tensor, b_mag: torch.Tensor, floor_a: torch.Tensor,

@@ -17,14 +17,30 @@ from kcverify.kernels.spec import CastSpec, KernelSpec
 def _cast(c: CastSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"format": c.format.name, "scale": c.scale}
     if c.block_size is not None:
-        out["block_size"] = c.block_size
+        out["block_size"] = list(c.block_size) if isinstance(c.block_size, tuple) else c.block_size
     if c.value is not None:
         out["value"] = c.value
+    if c.saturate is not None:
+        out["saturate"] = c.saturate
+    if c.ftz:
+        out["ftz"] = True
     return out
 
 
 def _kernel(k: KernelSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"compute": k.compute.name, "accumulate": k.accumulate.name}
+    if not k.accumulation.is_default:  # the family, in the form parse_kernel_spec reads
+        fam = k.accumulation
+        acc: dict[str, Any] = {"format": k.accumulate.name}
+        if fam.mma is not None:
+            acc["mma"] = fam.mma
+            if fam.promote is not None:
+                acc["promote"] = fam.promote
+        else:
+            acc["order"] = {"tile_k": fam.tile_k} if fam.order == "tile_k" else fam.order
+        if fam.split_k != (1,):
+            acc["split_k"] = list(fam.split_k)
+        out["accumulate"] = acc
     if k.weights is not None:
         out["weights"] = _cast(k.weights)
     if k.activations is not None:

@@ -349,8 +349,7 @@ class Realization:
 
         parts = split_parts(k, self.split, MMA_GROUP.get(fam.mma or "", 1))
         if fam.mma is not None:  # tensor-core chunks, promoted into fp32 (any order)
-            cuts = sorted(set(bounds) | set(parts) | set(
-                range(0, k, fam.promote) if fam.promote else ()))
+            cuts = chunk_cuts(k, fam.promote, self.split, bounds)
             vals = []
             for k0, k1 in zip(cuts[:-1], cuts[1:]):
                 v = sm90_chunk(terms[..., k0:k1], exps[..., k0:k1])
@@ -492,6 +491,17 @@ def sm90_chunk(terms: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
     for g0 in range(0, terms.shape[-1], SM90_GROUP):
         c = sm90_step(c, terms[..., g0:g0 + SM90_GROUP], exps[..., g0:g0 + SM90_GROUP])
     return c
+
+
+def chunk_cuts(k: int, promote: int | None, split: int, block_cuts=()) -> list[int]:
+    """Where a tensor-core accumulation restarts from zero: each split-K part's start (parts
+    aligned to 32), every ``promote`` products from a part's start, and every scale block."""
+    parts = split_parts(k, split, SM90_GROUP)
+    cuts = set(parts) | {c for c in block_cuts if 0 <= c <= k}
+    if promote:
+        for p0, p1 in zip(parts[:-1], parts[1:]):
+            cuts.update(range(p0, p1, promote))
+    return sorted(cuts)
 
 
 def split_parts(k: int, split: int, align: int = 1) -> list[int]:

@@ -219,25 +219,26 @@ def cast_enclosure(lo: torch.Tensor, hi: torch.Tensor, cs: Any, side: str, sampl
 
 def forced_values(site: Site, lo: torch.Tensor, hi: torch.Tensor, cs: Any, side: str,
                   sample_axis: Any, batch: int | None, c_lo: torch.Tensor, c_hi: torch.Tensor,
-                  deq_u: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  deq_u: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The dequantised cast values [c_lo, c_hi] of an activation operand with the active run's
     decisions at ``site`` applied: a forced element holds v s for its value v and s in the
-    scale's interval, dequantised with relative rounding ``deq_u``."""
+    scale's interval, dequantised with relative rounding ``deq_u``; and the forced mask (None:
+    nothing forced)."""
     from kcverify.bounds.box import pad_hi, pad_lo
 
     enc = cast_enclosure(lo, hi, cs, side, sample_axis, batch)
     if enc is None:
-        return c_lo, c_hi
+        return c_lo, c_hi, None
     q_lo, q_hi, s_lo, s_hi = enc
     q_lo, q_hi, forced = force_q(site, q_lo, q_hi, lambda q: next_up(q, cs.format),
                                  sample_axis, batch)
     if not bool(forced.any()):
-        return c_lo, c_hi
+        return c_lo, c_hi, None
     a, b = q_lo * s_lo, q_lo * s_hi
     v_lo, v_hi = torch.minimum(a, b), torch.maximum(a, b)
     r = (deq_u + 2.0**-52) * q_lo.abs() * s_hi
     v_lo, v_hi = pad_lo(v_lo - r), pad_hi(v_hi + r)
-    return torch.where(forced, v_lo, c_lo), torch.where(forced, v_hi, c_hi)
+    return torch.where(forced, v_lo, c_lo), torch.where(forced, v_hi, c_hi), forced
 
 
 @dataclass

@@ -58,6 +58,7 @@ from kcverify.bounds.casts import (
     SCALE_SLACK,
     activation_cast,
     activation_scale_bounds,
+    block_scale_bounds,
     rne,
     weight_cast,
 )
@@ -152,7 +153,7 @@ def operand_scales(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torc
 
 
 def _operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tensor, weight: bool,
-             side: str, out_axis: int, k_axis: int, sample_axis=None
+             side: str, out_axis: int, k_axis: int, sample_axis=None, count: bool = False
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Value set of kernel ``spec``'s cast operand, and an enclosure of cast(x) - x.
     ``sample_axis``: the operand's (default: the node input's on that side)."""
@@ -167,9 +168,13 @@ def _operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tens
     if cs is not None:
         axis = ctx.sample_axis(0 if side == "left" else 1) if sample_axis is None else sample_axis
         c_lo, c_hi = activation_cast(lo, hi, cs, spec.rounding, side, deq, axis, ctx.batch)
+        forced = None
         if cases.active() and not weight and spec.rounding == "nearest":  # proof by cases
-            c_lo, c_hi = cases.forced_values((ctx.node.name, side, spec.name), lo, hi, cs, side,
-                                             axis, ctx.batch, c_lo, c_hi, deq)
+            c_lo, c_hi, forced = cases.forced_values((ctx.node.name, side, spec.name), lo, hi,
+                                                     cs, side, axis, ctx.batch, c_lo, c_hi, deq)
+        if count and not weight:
+            un = _unstable(ctx, spec, cs, lo, hi, c_lo, c_hi, side, axis)
+            _note_unstable(un if forced is None else un & ~forced, axis)
         e_lo, e_hi = c_lo - hi, c_hi - lo
         kind = cs.kind
         rel = kind.relative(cs, spec.rounding)  # None: no relative model (a saturating kind)
@@ -238,9 +243,35 @@ def _grid_operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch
         q_lo, q_hi, _ = cases.force_q((ctx.node.name, side, spec.name), q_lo, q_hi,
                                       lambda q: cases.next_up(q, cs.format), sample_axis,
                                       ctx.batch)
-    if count:
-        _note_unstable(q_lo != q_hi, sample_axis)
     return cs.format, q_lo, q_hi, s_lo, s_hi
+
+
+def _unstable(ctx: RuleCtx, spec: KernelSpec, cs, lo: torch.Tensor, hi: torch.Tensor,
+              c_lo: torch.Tensor, c_hi: torch.Tensor, side: str, axis) -> torch.Tensor:
+    """The elements of an activation operand whose cast conforming programs may round apart
+    (diagnostics; an over-count where the scale kind gives no per-element interval): the
+    quotient's enclosure holds two format values (round to nearest), or is not one format value
+    (``rounding: any`` may go to either neighbour)."""
+    from kcverify.kernels.scales import Unsupported
+
+    if cs.format.kind != "float":
+        return (c_lo != c_hi) | (c_lo != lo) | (c_hi != hi)
+    try:
+        if cs.scale == "dynamic_per_block":
+            s_lo, s_hi = block_scale_bounds(lo, hi, cs, side)
+        else:
+            s_lo, s_hi = cs.kind.interval(lo, hi, cs, side, axis, ctx.batch)
+    except (Unsupported, ValueError):
+        return torch.broadcast_to(c_lo != c_hi, lo.shape)
+    t_lo, t_hi = imul(lo, hi, 1.0 / s_hi, 1.0 / s_lo)
+    if not (cs.scale == "none" or (cs.scale == "static" and bool((s_lo == s_hi).all()))):
+        t_lo, t_hi = pad_lo(t_lo, SCALE_SLACK), pad_hi(t_hi, SCALE_SLACK)
+    lim = cs.format.max_finite * (1 + 2 * SCALE_SLACK)
+    q_lo, q_hi = rne(t_lo.clamp(-lim, lim), cs.format), rne(t_hi.clamp(-lim, lim), cs.format)
+    out = q_lo != q_hi
+    if spec.rounding != "nearest":
+        out = out | (t_lo != q_lo) | (t_hi != q_lo)
+    return torch.broadcast_to(out, lo.shape)
 
 
 def _note_unstable(mask: torch.Tensor, sample_axis) -> None:
@@ -334,14 +365,15 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
     for k, spec in enumerate(ctx.kernels):
         a_lo, a_hi = (A.tl, A.th) if k == 0 else (A.il, A.ih)
         b_lo, b_hi = (B.tl, B.th) if k == 0 else (B.il, B.ih)
-        *ca, ea = _split(_operand(ctx, spec, a, a_lo, a_hi, a_weight, "left", -2, -1, ax_a))
+        *ca, ea = _split(_operand(ctx, spec, a, a_lo, a_hi, a_weight, "left", -2, -1, ax_a,
+                                  count=True))
         sa = operand_scales(ctx, spec, a, a_lo, a_hi, a_weight, "left", -2, -1, ax_a)
         if ws is not None:
             cb, eb = ws.ops[k]
             sb = ws.scales[k]
         else:
             *cb, eb = _split(_operand(ctx, spec, b, b_lo, b_hi, b_weight, "right", b_out_axis,
-                                      b_k_axis, ax_b))
+                                      b_k_axis, ax_b, count=True))
             sb = operand_scales(ctx, spec, b, b_lo, b_hi, b_weight, "right", b_out_axis,
                                 b_k_axis, ax_b)
         ca, cb = tuple(ca), tuple(cb)

@@ -206,8 +206,11 @@ class Session:
             self.say(f"bounded slice {n!r} inputs [{r[0]}, {r[1]}): certified max drift "
                      f"{float(np.max(res.linf)):.4g}")
 
-        results = executor.map_drift(self.bound_graph, self.model_path, self.bound_train,
-                                     self.bound_inf,
+        if self.bound_graph is not self.graph:
+            # workers reload the model file, not the joint graph of a QDQ kernel: bound here
+            self.say("a QDQ kernel's joint graph is bounded here, not on the workers")
+            return
+        results = executor.map_drift(self.graph, self.model_path, self.train, self.inf,
                                      [self.drift_item(n, r) for n, r in keys], done)
         self._drift.update({(n, *r): res for (n, r), res in zip(keys, results, strict=True)})
 

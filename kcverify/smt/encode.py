@@ -223,7 +223,9 @@ def prepare(graph: Graph, train: KernelSpec, inf: KernelSpec, x0: Any, eps: floa
         raise NotEncodable(f"input {name!r}: the SMT encoding takes (batch, n) inputs, not rank {x.ndim + 1}")
     for spec in (train, inf):
         if spec.onnx is not None:
-            raise NotEncodable(f"kernel {spec.name!r} is a second ONNX graph; encode its spec instead")
+            raise NotEncodable(f"kernel {spec.name!r} is a second ONNX graph ({spec.onnx}): the SMT "
+                               "encoding does not handle QDQ graphs (docs/qdq.md); the bound "
+                               "engine's joint graph decides them")
     iv, drift = _intervals(graph, train, inf, name, x, eps)
     consts = graph.constant_names()
     steps: list[Step] = []

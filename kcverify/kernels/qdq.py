@@ -123,6 +123,8 @@ def make_qdq_model(graph: Graph, spec: KernelSpec,
     if acts:
         cast = spec.activations
         assert cast is not None
+        if cast.kind.saturating:  # block-scaled (mx / nv): no QuantizeLinear form; says so
+            cast.kind.qdq("activations")
         if cast.scale == "static":
             scales = {a: float(np.float32(cast.value)) for a in acts}
         else:
@@ -168,16 +170,14 @@ def make_qdq_model(graph: Graph, spec: KernelSpec,
 def _weight_dq(name: str, w: np.ndarray, cast: CastSpec, axis: int,
                inits: list[onnx.TensorProto], nodes: list[onnx.NodeProto]) -> str:
     np_type, _ = _qtype(cast.format, "weights")
-    if cast.scale not in ("per_tensor", "per_channel", "static"):
-        raise KernelSpecError(f"QDQ export: weights scaling {cast.scale!r} is not exported; "
-                              "expected per_tensor, per_channel or static")
+    form = cast.kind.qdq("weights")  # Unsupported (a KernelSpecError) for a kind with no QDQ form
     wt = torch.from_numpy(np.asarray(w, dtype=np.float64))
     s = weight_scale(wt, cast, out_axis=axis)
     q = cast_grid(wt, cast.format, s).numpy()
     qname, sname = f"{name}__q", f"{name}__scale"
     inits.append(numpy_helper.from_array(q.astype(np.float32).astype(np_type), qname))
     attrs: dict[str, Any] = {}
-    if cast.scale == "per_channel" and w.ndim > 0:
+    if form == "per_axis" and w.ndim > 0:
         scale = s.numpy().reshape(-1).astype(np.float32)
         attrs["axis"] = axis
     else:

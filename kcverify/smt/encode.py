@@ -44,7 +44,7 @@ import numpy as np
 import torch
 import z3
 
-from kcverify.errors import KcverifyError
+from kcverify.errors import KcverifyError, KernelSpecError
 from kcverify.kernels.cast import round_to_format
 from kcverify.kernels.formats import Format, get_format
 from kcverify.kernels.scale import quantize_weight
@@ -159,9 +159,9 @@ def _weight_consts(spec: KernelSpec, w: np.ndarray, where: str) -> list[list[Fra
     if spec.weights is None:
         q = round_to_format(t, spec.compute)
     else:
-        if spec.weights.scale == "per_block":
-            raise NotEncodable(f"{where}: per_block weight scales are not encoded (partial sums "
-                               "are promoted per block); use per_channel or per_tensor")
+        if spec.weights.kind.blocked:
+            raise NotEncodable(f"{where}: {spec.weights.scale} weight scales are not encoded "
+                               "(partial sums are promoted per block); use per_channel or per_tensor")
         q, _ = quantize_weight(t, spec.weights, out_axis=-1, reduce_axis=-2)
     arr = q.numpy()
     return [[fr(v) for v in row] for row in arr]
@@ -171,6 +171,8 @@ def _cast_plan(spec: KernelSpec, lo: np.ndarray, hi: np.ndarray, where: str) -> 
     cs = spec.activations
     if cs is None:
         return None
+    if cs.ftz or cs.saturate is False:
+        raise NotEncodable(f"{where}: flush-to-zero and non-saturating casts are not encoded")
     factor = 1 if spec.rounding == "nearest" else 2
     fmt = cs.format
     mag = float(np.max(np.maximum(np.abs(lo), np.abs(hi)))) if lo.size else 0.0
@@ -180,7 +182,11 @@ def _cast_plan(spec: KernelSpec, lo: np.ndarray, hi: np.ndarray, where: str) -> 
             raise NotEncodable(f"{where}: the activation cast to {fmt.name} may overflow "
                                f"(|a| up to {mag:.4g}, scale {float(s):.4g})")
         return CastPlan(fmt, factor, s, True, cs.scale, [s])
-    if cs.scale not in ("dynamic_per_tensor", "dynamic_per_token"):
+    try:  # the scale kind says whether it has an encoding (kcverify.kernels.scales)
+        scheme = cs.kind.smt_scheme()
+    except KernelSpecError as e:
+        raise NotEncodable(f"{where}: {e.message}") from None
+    if scheme != "dynamic":
         raise NotEncodable(f"{where}: {cs.scale} activation scales are not encoded")
     mig = np.where((lo <= 0) & (hi >= 0), 0.0, np.minimum(np.abs(lo), np.abs(hi)))
     a_lo, a_hi = fr(float(np.max(mig))), fr(mag)
@@ -477,6 +483,8 @@ def _linear(e: _Enc, k: int, st: Step, a: list[Any]) -> list[Any]:
     W = st.weights[k]
     n_in, n_out = len(W), len(W[0])
     qa, qabs = _cast(e, k, st, a)
+    if spec.accumulation.mma is not None:  # any order covers pinned schedules, not tensor cores
+        raise NotEncodable(f"{st.node.name}: the {spec.accumulation.mma} accumulator is not encoded")
     gam = up(gamma_exact(n_in, fr(spec.accumulate.u)))
     rel2, abs2 = round_coeffs(spec.compute, 2)
     rel1, abs1 = round_coeffs(spec.compute, 1, spec.ulp("add"))

@@ -849,7 +849,9 @@ def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
             term = P * _at(iu)
             c = c + term.sum(-1)
             Lam = P * _at(su) + N * _at(sl)
-            pad = pad + 4 * U64 * ((Lam.abs() * _at(amag)).sum(-1) + term.abs().sum(-1))
+            # the new coefficients' rounding (times |z|), and the n-term sum added to c
+            pad = pad + 4 * U64 * (Lam.abs() * _at(amag)).sum(-1) \
+                + (Lam.shape[-1] + 4) * U64 * term.abs().sum(-1)
             continue
         e = tr["err"][k]
         n = Lam.shape[-1]
@@ -907,7 +909,8 @@ def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None
             Ld = Pd * _at(qu) + Nd * _at(ql)
             pad = pad + 8 * U64 * ((((Pt.abs() * _at(su) + Nt.abs() * _at(sl)) + Pd.abs() * _at(
                 pu.abs()) + Nd.abs() * _at(pl.abs())) * _at(tmag)).sum(-1)
-                + (Ld.abs() * _at(dmag)).sum(-1) + term.abs().sum(-1)) + TINY
+                + (Ld.abs() * _at(dmag)).sum(-1)) + (Ld.shape[-1] + 8) * U64 * term.abs().sum(-1) \
+                + TINY
             continue
         et, ei = tr["err"]
         n = Ld.shape[-1]

@@ -1,49 +1,44 @@
 """External known-answer suite: ACAS Xu networks (old-opset ONNX) on the VNN-LIB property input
-boxes. The interval value bounds of the fp32 kernel must contain the outputs onnxruntime computes
-(an fp32 program with exact products, so a conforming one) at sampled points of each box."""
+boxes (read by kcverify.dsl.vnnlib). The interval and linear value bounds of the fp32 kernel must
+contain the outputs onnxruntime computes (an fp32 program with exact products, so a conforming
+one) at sampled points of each case's box; properties with several boxes (a disjunction) check
+each."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kcverify.bounds import certify_drift
+from kcverify.dsl.vnnlib import load_vnnlib
 from kcverify.kernels.spec import parse_kernel_spec
 from kcverify.models.ir import load_onnx
+from tests.regions.helpers import acas_dir
 
-ACAS = Path("/work/shared/data/acasxu")
+ACAS = acas_dir() or Path("/nonexistent")
 FP32 = parse_kernel_spec("train", {"compute": "fp32", "accumulate": "fp32"})
 BF16 = parse_kernel_spec("inf", {"compute": "bf16", "accumulate": "fp32",
                                  "weights": {"format": "fp8_e4m3", "scale": "per_channel"}})
 
-pytestmark = pytest.mark.skipif(not ACAS.exists(), reason="ACAS Xu data not available")
+pytestmark = pytest.mark.skipif(acas_dir() is None, reason="ACAS Xu data not available")
 
 
-def input_box(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
-    """(lo, hi) of X_0..X_4 from a VNN-LIB file's top-level (<= X_i c) / (>= X_i c) assertions;
-    None for a property whose input set is not one box (a disjunction)."""
-    lo, hi = np.full(5, -np.inf), np.full(5, np.inf)
-    for op, i, c in re.findall(r"\(assert \((<=|>=) X_(\d+) ([-0-9.eE+]+)\)\)", path.read_text()):
-        if op == "<=":
-            hi[int(i)] = float(c)
-        else:
-            lo[int(i)] = float(c)
-    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
-        return None
-    return lo, hi
+def input_boxes(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(lo, hi) of X_0..X_4 per case of a VNN-LIB property (float64, outward)."""
+    return [(np.array(c.lo), np.array(c.hi)) for c in load_vnnlib(path).cases]
 
 
 def _check(net: str, prop: str, n: int, seed: int) -> int:
+    g = load_onnx(ACAS / net)
+    return sum(_check_box(g, net, lo, hi, n, seed) for lo, hi in input_boxes(ACAS / prop))
+
+
+def _check_box(g, net: str, lo: np.ndarray, hi: np.ndarray, n: int,  # noqa: ANN001
+               seed: int) -> int:
     import onnxruntime as ort
 
-    g = load_onnx(ACAS / net)
-    box_ = input_box(ACAS / prop)
-    if box_ is None:
-        return 0
-    lo, hi = box_
     shape = (1, 1, 1, 5)
     mid = ((lo + hi) / 2).reshape(shape).astype(np.float32)
     boxes = [certify_drift(g, FP32, BF16, {"input": mid},
@@ -58,7 +53,7 @@ def _check(net: str, prop: str, n: int, seed: int) -> int:
     for p in pts:
         y = sess.run(None, {"input": p.reshape(shape)})[0].astype(np.float64)
         for box in boxes:
-            assert np.all(box.train_lo <= y) and np.all(y <= box.train_hi), (net, prop, p)
+            assert np.all(box.train_lo <= y) and np.all(y <= box.train_hi), (net, lo, hi, p)
     return len(pts)
 
 

@@ -90,6 +90,9 @@ class DriftResult:
     # per input: activation casts whose input enclosure straddles a rounding midpoint
     # (kcverify.bounds.diagnostics); None when the run did not count them
     unstable_casts: np.ndarray | None = None
+    # the memory budget's decisions (bounds/memory.py): "method X needs ~N GB > budget M GB:
+    # used Y", one per block bounded with a cheaper method than asked
+    notes: list[str] = field(default_factory=list)
 
 
 def refuse_second_graph(train: KernelSpec, inf: KernelSpec) -> None:
@@ -427,8 +430,10 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
         lin = dict(linear_inputs)
         m = int(next(iter(linear_inputs.values())).t.A.shape[-1])
     zono = None
-    rows = max((d.shape[0] for d in in_state.values()
-                if len(d.shape) >= 2 and not _is_point(d)), default=1)  # masks are points
+    # inputs of the batch: a point slice of k inputs is k rows (its symbols are shared by all)
+    rows = batch if batch is not None else max(
+        (d.shape[0] for d in in_state.values() if len(d.shape) >= 2 and not _is_point(d)),
+        default=1)  # masks are points
     if domain in ("linear", "zonotope") or (domain == "best" and rows <= ZONO_BEST_ROWS):
         from kcverify.bounds.zonotope import ZonoTrack
 
@@ -538,11 +543,14 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
                   region: Region | None = None, domain: str = "best", device: str = "cpu",
                   progress: Callable[[int, int, str], None] | None = None,
                   blocks: list[Any] | None = None,
-                  input_bounds: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None
-                  ) -> DriftResult:
+                  input_bounds: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                  memory: int | None = None) -> DriftResult:
     """Certified drift bounds between two kernels of ``graph`` for each input of the batch (or
     for every input in the region around each, or in the explicit boxes ``input_bounds``:
-    name -> (lo, hi), e.g. a VNN-LIB property's input box). See the module docstring."""
+    name -> (lo, hi), e.g. a VNN-LIB property's input box). See the module docstring.
+    ``memory``: the budget in bytes (bounds/memory.py; default a fraction of physical memory):
+    a block whose method cannot fit it, or whose run the allocator refuses, is bounded with
+    intervals instead, and ``notes`` says so."""
     t0 = time.perf_counter()
     refuse_second_graph(train_spec, inf_spec)
     load_rules()
@@ -592,10 +600,15 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
     method = domain if domain in ("separate", "linear", "best", "zonotope") else "interval"
     batch = next(iter(fd.values())).shape[0] if fd else 1
     from kcverify.bounds import diagnostics
+    from kcverify.bounds import memory as mem
 
+    budget = mem.default_budget() if memory is None else int(memory)
+    lin_vars = (min(MAX_LINEAR_VARS, max(a[:1].size for a in fd.values()))
+                if region is not None or input_bounds is not None else 0)
+    plan = mem.plan_blocks(graph, blks, fd, domain, budget, lin_vars)
     with diagnostics.collecting(batch) as diag:
         _run_blocks(blks, needed_later, state, records, method, train_spec, inf_spec, domain,
-                    device, region_tensors, progress)
+                    device, region_tensors, progress, plan)
     outputs = {v.name: state[v.name] for v in graph.outputs}
     linf = np.zeros(batch)
     from kcverify.models.blocks import sample_axes
@@ -606,15 +619,19 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
             continue
         linf = np.maximum(linf, _per_sample_linf(outputs[v.name], axes.get(v.name), batch))
     return DriftResult(linf, outputs, records, time.perf_counter() - t0, domain,
-                       diag.get("unstable_casts", np.zeros(batch, dtype=np.int64)))
+                       diag.get("unstable_casts", np.zeros(batch, dtype=np.int64)), plan.notes)
 
 
 def _run_blocks(blks: list[Any], needed_later: list[set[str]], state: dict[str, Any],
                 records: list[BlockRecord], method: str, train_spec: KernelSpec,
                 inf_spec: KernelSpec, domain: str, device: str,
                 region_tensors: Mapping[str, Callable[[Any], Box]],
-                progress: Callable[[int, int, str], None] | None) -> None:
-    """Bound the blocks in order, keeping in ``state`` only what later blocks need."""
+                progress: Callable[[int, int, str], None] | None, plan: Any = None) -> None:
+    """Bound the blocks in order, keeping in ``state`` only what later blocks need. ``plan``
+    (memory.MemoryPlan): the domain of each block under the memory budget; a block whose run
+    the allocator refuses is bounded again with intervals (a note in ``plan.notes``)."""
+    from kcverify.bounds.memory import is_out_of_memory
+
     for k, b in enumerate(blks):
         if progress is not None:
             progress(k, len(blks), b.name)
@@ -622,8 +639,20 @@ def _run_blocks(blks: list[Any], needed_later: list[set[str]], state: dict[str, 
         missing = [name for name in b.inputs if name not in state]
         if missing:
             raise BoundError(f"block {b.name!r} reads {missing}, which no earlier block produced")
-        outs = bound_block(b, train_spec, inf_spec, ins, domain, device, region_tensors)
-        records.append(BlockRecord(b.name, b.digest, method, ins, outs))
+        dom, meth = domain, method
+        if plan is not None and plan.domains[k] != domain:
+            dom, meth = plan.domains[k], plan.domains[k]
+        try:
+            outs = bound_block(b, train_spec, inf_spec, ins, dom, device, region_tensors)
+        except (RuntimeError, MemoryError, BoundError) as e:
+            if dom == "interval" or not is_out_of_memory(e):
+                raise
+            if plan is not None:
+                plan.notes.append(f"block {b.name!r}: method {dom} ran out of memory "
+                                  f"({str(e)[:120]}): used interval")
+            dom = meth = "interval"
+            outs = bound_block(b, train_spec, inf_spec, ins, dom, device, region_tensors)
+        records.append(BlockRecord(b.name, b.digest, meth, ins, outs))
         state.update(outs)
         for name in list(state):
             if name not in needed_later[k]:

@@ -34,6 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--domain", default="best", choices=["interval", "linear", "best"],
                    help="bound domain (default best: the tightest of those available)")
     p.add_argument("--device", default="cpu", help="torch device for bounds and kernels")
+    p.add_argument("--memory", metavar="SIZE",
+                   help="memory budget of the bound engine (e.g. 4G, 512M, 50%%; default half "
+                        "of physical memory): a method that cannot fit is replaced by intervals, "
+                        "with a note")
     p.add_argument("--realizations", type=int, default=2,
                    help="conforming inference programs drawn per slice for counterexample search "
                         "and evidence (default 2)")
@@ -53,13 +57,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kcverify.bounds.memory import parse_size
     from kcverify.certs.rules import load_rule_modules
     from kcverify.report.page import write_report_html
     from kcverify.report.table import render_table
     from kcverify.report.writer import report_json, write_report_json
 
     load_rule_modules(args.rules)
-    options = ProveOptions(domain=args.domain, device=check_device(args.device),
+    options = ProveOptions(memory=None if args.memory is None else parse_size(args.memory),
+                           domain=args.domain, device=check_device(args.device),
                            realizations=args.realizations, confidence=args.confidence,
                            cert_path=args.cert, embed=args.embed,
                            write_certificate=not args.no_cert, force=args.force,

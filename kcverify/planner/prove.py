@@ -62,6 +62,9 @@ class ProveOptions:
     # zonotope runs cost minutes each on transformers and are worth it only where they prove
     # more; ask for them with chunk_rows=1); 0: the whole slice
     chunk_rows: int | None = None
+    # the bound engine's memory budget in bytes (bounds/memory.py; None: a fraction of physical
+    # memory): a block whose method cannot fit is bounded with intervals, with a note
+    memory: int | None = None
 
 
 @dataclass
@@ -104,6 +107,7 @@ class Session:
         self.empirical = EmpiricalRun(contract, self.graph, device=options.device,
                                       output=self.output, confidence=options.confidence)
         self._drift: dict[tuple[str, int, int], Any] = {}
+        self.notes: list[str] = []  # the memory budget's (bounds/memory.py)
         self._blocks: dict[str, list[BlockDrift]] = {}
         # per (slice, its chunks): per chunk (rows, block refs, sequential node)
         self.block_refs: dict[tuple[str, tuple[tuple[int, int], ...]],
@@ -153,6 +157,7 @@ class Session:
 
             self._drift[key] = certify_drift(self.bound_graph, self.bound_train, self.bound_inf,
                                              **self.drift_item(name, rows), progress=progress)
+            self.note(self._drift[key])
             self.say(f"bounded {what} in {time.perf_counter() - t0:.1f}s: "
                      f"certified max drift {float(np.max(self._drift[key].linf)):.4g}")
         return self._drift[key]
@@ -187,7 +192,14 @@ class Session:
         if rows is not None:
             feeds = {k: v[rows[0]:rows[1]] for k, v in feeds.items()}
         return dict(feeds=feeds, region=region, domain=self.options.domain,
-                    device=self.options.device)
+                    device=self.options.device, memory=self.options.memory)
+
+    def note(self, res: Any) -> None:
+        """Keep (and say) the memory budget's notes of a bound run (DriftResult.notes)."""
+        for n in getattr(res, "notes", None) or []:
+            if n not in self.notes:
+                self.notes.append(n)
+                self.say(f"memory: {n}")
 
     def prefetch_drifts(self, executor: Any) -> None:
         """Bound every chunk of every slice a certifiable clause queries (the runs drift_chunk()
@@ -203,6 +215,7 @@ class Session:
 
         def done(i: int, res: Any) -> None:
             n, r = keys[i]
+            self.note(res)
             self.say(f"bounded slice {n!r} inputs [{r[0]}, {r[1]}): certified max drift "
                      f"{float(np.max(res.linf)):.4g}")
 
@@ -320,7 +333,11 @@ class PlanContext:
         from kcverify.bounds.engine import BlockRecord
 
         s = self.session
-        block, domain = self.blocks[k], s.options.domain
+        # the method the chain's record of this block was bounded with (the memory budget may
+        # have replaced the session's domain by intervals there)
+        recs = self.records
+        block = self.blocks[k]
+        domain = recs[k].method if k < len(recs) else s.options.domain
         out = bound_block(block, s.bound_train, s.bound_inf, in_state, domain=domain,
                           device=s.options.device)
         method = domain if domain in ("separate", "linear", "best", "zonotope") else "interval"
@@ -676,7 +693,8 @@ def prove(contract_path: str | os.PathLike[str], model_path: str | os.PathLike[s
     report = Report(contract=contract.name, model=str(model), clauses=results, blocks=blocks,
                     escalation=dict(contract.escalation),
                     meta={"contract_path": str(contract.path), "domain": options.domain,
-                          "device": options.device, "realizations": options.realizations})
+                          "device": options.device, "realizations": options.realizations,
+                          **({"memory_notes": list(s.notes)} if s.notes else {})})
     escalate(report, contract.escalation)
     _prune_blocks(b)
     statement = b.build()

@@ -1,0 +1,127 @@
+"""The bound engine's memory budget (kcverify/bounds/memory.py): sizes, estimates, the cheaper
+method with a note when a method cannot fit, an allocator failure caught into the same
+fallback, and a point slice of k inputs counted as k rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kcverify.bounds import certify_drift, memory
+from kcverify.bounds.engine import blocks_of, expanded
+from kcverify.cli import main
+from kcverify.kernels.spec import parse_kernel_spec
+from kcverify.models.ir import load_onnx
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = parse_kernel_spec("train", {"compute": "fp32", "accumulate": "fp32"})
+W8 = parse_kernel_spec("inf", {"weights": {"format": "fp8_e4m3", "scale": "per_channel"},
+                               "accumulate": "fp32", "compute": "fp32"})
+
+
+def test_parse_size() -> None:
+    assert memory.parse_size("4G") == 4 * 2**30
+    assert memory.parse_size("512MiB") == 512 * 2**20
+    assert memory.parse_size("1.5gb") == int(1.5 * 2**30)
+    assert memory.parse_size("1000") == 1000
+    assert 0 < memory.parse_size("50%") <= memory.physical_memory()
+    assert memory.default_budget() == int(memory.physical_memory() * memory.DEFAULT_FRACTION)
+    for bad in ("4X", "", "-1G", "G", "0"):
+        with pytest.raises(memory.MemoryBudgetError):
+            memory.parse_size(bad)
+
+
+def test_bad_memory_flag_is_one_error_line(capsys) -> None:  # type: ignore[no-untyped-def]
+    code = main(["bound", str(ROOT / "models/mlp_tiny.onnx"),
+                 str(ROOT / "examples/contracts/mlp-fp8.yaml"),
+                 "--inputs", str(ROOT / "examples/data/mlp_points.npz"), "--memory", "lots"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "memory budget 'lots'" in err[0]
+
+
+def _decoder_one():
+    g = load_onnx(ROOT / "models/tiny_decoder.onnx")
+    ids = np.load(ROOT / "examples/data/probe.npz")
+    feeds = {g.inputs[0].name: ids[ids.files[0]][:1]}
+    return g, feeds
+
+
+def _mlp_one():
+    g = load_onnx(ROOT / "models/mlp_tiny.onnx")
+    pts = np.load(ROOT / "examples/data/mlp_points.npz")
+    return g, {g.inputs[0].name: pts[pts.files[0]][:1]}
+
+
+def test_estimates_grow_with_rows_and_rank_the_methods() -> None:
+    g, feeds = _decoder_one()
+    x = next(iter(feeds.values()))
+    b = expanded(blocks_of(g)[1].graph, "best")
+    one = memory.tensor_sizes(g, feeds)
+    four = memory.tensor_sizes(g, {k: np.repeat(v, 4, 0) for k, v in feeds.items()})
+    assert x.shape[0] == 1 and max(four.values()) >= 4 * max(v for k, v in one.items()
+                                                          if k not in g.initializers) > 0
+    iv, zo = (memory.estimate(b, one, m) for m in ("interval", "zonotope"))
+    assert memory.BASE_BYTES < iv < zo
+    assert memory.estimate(b, four, "zonotope") > zo
+
+
+def test_a_method_that_cannot_fit_is_replaced_with_a_note() -> None:
+    """best on one input adds the zonotope; a budget below its estimate (above the intervals')
+    bounds those blocks with intervals: the same bounds as the interval domain, records that
+    say so (the checker re-runs that method) and a note per block."""
+    g, feeds = _mlp_one()
+    sizes = memory.tensor_sizes(g, feeds)
+    blocks = blocks_of(g)
+    iv = max(memory.estimate(expanded(b.graph, "best"), sizes, "interval") for b in blocks)
+    res = certify_drift(g, TRAIN, W8, feeds, domain="best", memory=iv + 1)
+    ref = certify_drift(g, TRAIN, W8, feeds, domain="interval")
+    replaced = [r for r in res.blocks if r.method == "interval"]
+    assert replaced and len(res.notes) == len(replaced)
+    assert all("needs ~" in n and "> budget" in n and n.endswith("used interval")
+               for n in res.notes)
+    np.testing.assert_array_equal(res.linf, ref.linf)
+    roomy = certify_drift(g, TRAIN, W8, feeds, domain="best", memory=64 * 2**30)
+    assert not roomy.notes and all(r.method == "best" for r in roomy.blocks)
+
+
+def test_an_allocator_failure_falls_back_to_intervals(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from kcverify.bounds import zonotope
+
+    g, feeds = _mlp_one()
+
+    def refuse(self, *a, **k):  # type: ignore[no-untyped-def]
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                           "can't allocate memory: you tried to allocate 8589934592 bytes.")
+    monkeypatch.setattr(zonotope.ZonoTrack, "step", refuse)
+    res = certify_drift(g, TRAIN, W8, feeds, domain="best", memory=64 * 2**30)
+    assert res.notes and all("ran out of memory" in n for n in res.notes)
+    assert len(res.notes) == sum(r.method == "interval" for r in res.blocks)
+
+    def bug(self, *a, **k):  # type: ignore[no-untyped-def]
+        raise RuntimeError("shape mismatch")
+    monkeypatch.setattr(zonotope.ZonoTrack, "step", bug)
+    with pytest.raises(RuntimeError, match="shape mismatch"):  # a bug is not a memory problem
+        certify_drift(g, TRAIN, W8, feeds, domain="best", memory=64 * 2**30)
+
+
+def test_a_point_slice_of_k_inputs_is_k_rows(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """best adds the zonotope on at most ZONO_BEST_ROWS inputs: a slice of three points has
+    three rows (it used to count as one, and the zonotope ran on every input at once)."""
+    from kcverify.bounds import zonotope
+
+    g, feeds = _decoder_one()
+    made = []
+    real = zonotope.ZonoTrack.__init__
+
+    def count(self, *a, **k):  # type: ignore[no-untyped-def]
+        made.append(1)
+        real(self, *a, **k)
+    monkeypatch.setattr(zonotope.ZonoTrack, "__init__", count)
+    monkeypatch.setattr(zonotope.ZonoTrack, "step", lambda self, n, names, ins, res, ctx: res)
+    three = {k: np.repeat(v, 3, 0) for k, v in feeds.items()}
+    certify_drift(g, TRAIN, W8, three, domain="best", memory=64 * 2**30)
+    assert not made
+    certify_drift(g, TRAIN, W8, feeds, domain="best", memory=64 * 2**30)
+    assert made

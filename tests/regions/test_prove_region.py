@@ -5,6 +5,8 @@ certificates (a claim, the partition, the region) rejected."""
 from __future__ import annotations
 
 import json
+import math
+import re
 import shutil
 from pathlib import Path
 
@@ -106,3 +108,46 @@ def test_vnnlib_slice_rejects_other_keys(tmp_path: Path) -> None:
     bad.write_text(CONTRACT.read_text().replace("../data/acasxu/prop_1.vnnlib", "p.npz"))
     with pytest.raises(ContractError, match=r"vnnlib must name a \.vnnlib"):
         load_contract(bad)
+
+
+def test_budget_end_reports_fraction_and_bound(acas: Path, tmp_path: Path) -> None:
+    """Out of splitting time: not proved; the note gives the proved share of the box volume and
+    the best certified bound (finite, above eps: the part still open inherits its parent's)."""
+    from kcverify.planner.prove import ProveOptions, prove
+
+    model = tmp_path / "net.onnx"
+    shutil.copy(acas / "ACASXU_run2a_4_5_batch_2000.onnx", model)
+    model.chmod(0o644)
+    tight = ROOT / "examples" / "contracts" / "acasxu-fp16-tight.yaml"
+    res = prove(tight, model, ProveOptions(region_timeout=0.5, realizations=1,
+                                           write_certificate=False))
+    (c,) = res.report.clauses
+    assert c.verdict != "proved"
+    m = re.search(r"split: (\d+\.\d\d)% of the box volume proved in .*; best bound ([0-9.e+-]+)",
+                  c.note)
+    assert m, c.note
+    assert 0.0 <= float(m.group(1)) < 100.0 and 0.01 < float(m.group(2)) < math.inf
+
+
+@pytest.mark.parametrize("text,where", [
+    ("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (<= X_7 1))\n",
+     "3:13: error: undeclared variable 'X_7'"),
+    ("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (<= X_0 1)))\n",
+     "3:20: error: unbalanced parentheses"),
+    ("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (<= X_0 0))\n"
+     "(assert (>= X_0 1))\n(assert (<= Y_0 0))\n", "4:9: error: empty input box"),
+])
+def test_malformed_slice_property(acas: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  text: str, where: str) -> None:
+    """A malformed property behind a {vnnlib:} slice: one located error line, exit 2, nothing
+    written."""
+    (tmp_path / "bad.vnnlib").write_text(text)
+    contract = tmp_path / "c.yaml"
+    contract.write_text(CONTRACT.read_text().replace("../data/acasxu/prop_1.vnnlib", "bad.vnnlib"))
+    model = tmp_path / "net.onnx"
+    shutil.copy(acas / "ACASXU_run2a_1_1_batch_2000.onnx", model)
+    model.chmod(0o644)
+    assert main(["prove", str(contract), str(model), "--quiet"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith(f"{tmp_path / 'bad.vnnlib'}:{where}"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.vnnlib", "c.yaml", "net.onnx"]

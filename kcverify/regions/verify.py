@@ -166,7 +166,10 @@ def _verify(model: str | os.PathLike[str] | Any, prop: VnnProperty, spec: Any, t
             return found(res.counterexample)
         if res.verdict != "proved":
             ans = "timeout" if left() <= 0 else "unknown"
-            notes.append(f"case {ci}: {res.stopped}; {res.proved_fraction:.2%} of the box proved")
+            notes.append(f"case {ci}: {res.stopped}; {res.proved_fraction:.2%} of the box volume "
+                         f"proved in {res.parts_bounded} parts; best bound {res.bound:.6g} (the "
+                         "largest certified margin d - min c.Y of an unsafe disjunct on an open "
+                         "part: the case is proved where it is below 0)")
             return VnnResult(ans, None, time.perf_counter() - t0, parts, method,
                              float(np.mean(fraction)), notes)
     return VnnResult("unsat", None, time.perf_counter() - t0, parts, method, 1.0, notes)

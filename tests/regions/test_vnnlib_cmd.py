@@ -85,3 +85,19 @@ def test_size_mismatch_is_bad_input(acas: Path, tmp_path: Path,
     assert rc == 2
     assert "declares 1 inputs X_i, the model's input 'input' has 5 elements" in \
         capsys.readouterr().err
+
+
+def test_timeout_reports_fraction_and_bound(acas: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Out of time on an unsat instance that needs thousands of parts: the answer is timeout
+    (never unsat, never sat), and stderr gives the proved share of the box volume and the best
+    certified margin."""
+    out = tmp_path / "result.txt"
+    rc = main(["vnnlib", str(acas / "ACASXU_run2a_1_4_batch_2000.onnx"),
+               str(acas / "prop_1.vnnlib"), "--timeout", "3", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 1 and out.read_text() == cap.out and cap.out.strip() in ("timeout", "unknown")
+    m = re.search(r"(\d+\.\d\d)% of the box volume proved in \d+ parts; best bound ([0-9.e+-]+)",
+                  cap.err)
+    assert m, cap.err
+    assert float(m.group(1)) < 100.0 and float(m.group(2)) > 0

@@ -83,12 +83,23 @@ def from_box(b: Box, m: int) -> LinState:
 
 
 def tighten(box: Box, st: LinState) -> Box:
-    """The reduced product: the box intersected with the three concretized forms."""
+    """The reduced product: the box intersected with the three concretized forms, only where
+    the box's value sets are finite. A form is an affine map plus rounding terms; it has no
+    overflow (a saturating or overflowing cast, an fp16 sum beyond 65504: the interval rule's
+    value set is then infinite), so where a kernel's value may be infinite the box stands for
+    that kernel's value and for the drift (finding 12: a static scale whose quotient may
+    overflow on a region, certified as the unsaturated product)."""
     tl, th = st.t.bounds()
     il, ih = st.i.bounds()
     dl, dh = st.d.bounds()
-    out = Box(torch.maximum(box.tl, tl), torch.minimum(box.th, th), torch.maximum(box.il, il),
-              torch.minimum(box.ih, ih), torch.maximum(box.dl, dl), torch.minimum(box.dh, dh))
+    fin_t = torch.isfinite(box.tl) & torch.isfinite(box.th)
+    fin_i = torch.isfinite(box.il) & torch.isfinite(box.ih)
+    fin_d = fin_t & fin_i
+    # fmax / fmin: a NaN in a form (inf - inf in a constant term) is no information
+    out = Box(*(torch.where(f, op(b, v), b) for f, op, b, v in (
+        (fin_t, torch.fmax, box.tl, tl), (fin_t, torch.fmin, box.th, th),
+        (fin_i, torch.fmax, box.il, il), (fin_i, torch.fmin, box.ih, ih),
+        (fin_d, torch.fmax, box.dl, dl), (fin_d, torch.fmin, box.dh, dh))))
     bad = (out.tl > out.th) | (out.il > out.ih) | (out.dl > out.dh)
     if bool(bad.any()):  # rounding-level disagreement of two sound enclosures: keep the box
         out = Box(*(torch.where(bad, a, b) for a, b in zip(box.parts(), out.parts())))
@@ -226,8 +237,9 @@ def _mul_const(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
 
 
 @linear_rule("Gemm", "MatMul")
-def _gemm(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
-    """y_k = (x_k + c_k) Q_k(W) + acc_k + rnd_k [+ bias]; the drift's form per the module doc."""
+def _gemm(ctx: RuleCtx, ins: list, out: Box, m: int, max_rank: int = 2) -> LinState | None:
+    """y_k = (x_k + c_k) Q_k(W) + acc_k + rnd_k [+ bias]; the drift's form per the module doc.
+    ``max_rank``: the largest rank of x accepted (3: rows of a batch, as Conv's columns)."""
     from kcverify.bounds.rules.linear import _operand, accumulation_error, operand_scales
 
     node = ctx.node
@@ -237,7 +249,7 @@ def _gemm(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
     (xo, xb, _), (wo, _, _) = ins[0], ins[1]
     xs = _as_state(ins[0], m)
     if xs is None or not isinstance(wo, Concrete) or node.inputs[1] not in ctx.constants \
-            or wo.value.dim() != 2 or xb is None or xb.tl.dim() != 2:
+            or wo.value.dim() != 2 or xb is None or not 2 <= xb.tl.dim() <= max_rank:
         return None
     w = wo
     if node.op_type == "Gemm" and int(ctx.attr("transB", 0)):

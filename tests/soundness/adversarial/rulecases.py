@@ -155,8 +155,6 @@ def feeds_for(case: RuleCase, kind: str, sp_name: str, rng: np.random.Generator,
 # (op, input kind, tag) -> the finding; tag: the compute format, "static" (a static activation
 # scale), or "*".
 OPEN_FINDINGS: dict[tuple[str, str, str], str] = {
-    ("MatMul", "large", "static"): "test_static_scale_overflow_in_the_linear_domain",
-    ("Gemm", "large", "static"): "test_static_scale_overflow_in_the_linear_domain",
 }
 
 

@@ -273,14 +273,13 @@ def test_both_kernels_overflow() -> None:
     _ok(led, "finding/both-overflow", found)
 
 
-@pytest.mark.xfail(strict=True, reason="NEW (adversary): linear domain ignores static-scale overflow")
 def test_static_scale_overflow_in_the_linear_domain() -> None:
     """Static scale 0.02, x = 10 +- 0.01: 10 / 0.02 = 500 saturates at 448 (8.96). Certified by
     ``linear`` and ``best`` on the box: inference value [4.417, 5.083], drift +-0.325; a
-    saturating program computes 4.165 (drift -0.835). interval: inf (right)."""
+    saturating program computes 4.165 (drift -0.835). interval: inf (right). Now the forms
+    tighten a box only where its value sets are finite (linear.tighten)."""
     from kcverify.bounds import Region, certify_drift
     from tests.soundness.adversarial.attacks import box_points
-    from tests.soundness.adversarial.harness import graph_of
     from tests.soundness.adversarial.interp import ProgramRunner
 
     led = Ledger()
@@ -290,9 +289,10 @@ def test_static_scale_overflow_in_the_linear_domain() -> None:
     x = np.array([[10.0, 1.0]], np.float32)
     run = ProgramRunner(model)
     found = []
-    for domain in ("linear", "best"):
+    for domain in ("interval", "linear", "best"):
         boxes = certify_drift(graph_of(model), TRAIN, st, {"x": x},
                               region=Region("input", "linf", 0.01), domain=domain).outputs
+        assert boxes["y0"].linf()[0] == np.inf, domain
         for pt in box_points(np.random.default_rng(0), x, 0.01, 3):
             found += led.check("finding/static-linear", boxes["y0"], run(Program(TRAIN), {"x": pt})["y0"],
                                run(Program(st), {"x": pt})["y0"], f"static {domain}")

@@ -101,3 +101,25 @@ def test_timeout_reports_fraction_and_bound(acas: Path, tmp_path: Path,
                   cap.err)
     assert m, cap.err
     assert float(m.group(1)) < 100.0 and float(m.group(2)) > 0
+
+
+@pytest.mark.parametrize("net,prop,kernel,want", [("1_7", 3, "inf", "sat"),
+                                                  ("2_3", 4, "train", "unsat")])
+def test_contract_kernel(acas: Path, capsys: pytest.CaptureFixture[str], net: str, prop: int,
+                         kernel: str, want: str) -> None:
+    """--contract C --kernel K: the answer holds for the programs of that kernel (fp16 weights
+    for NeuroDiff's inf); a sat witness names a program of it."""
+    contract = Path(__file__).resolve().parents[2] / "examples" / "contracts" / "acasxu-fp16.yaml"
+    rc = main(["vnnlib", str(acas / f"ACASXU_run2a_{net}_batch_2000.onnx"),
+               str(acas / f"prop_{prop}.vnnlib"), "--contract", str(contract), "--kernel", kernel,
+               "--timeout", "40"])
+    cap = capsys.readouterr()
+    assert cap.out.split("\n")[0] == want and rc == (0 if want == "unsat" else 1)
+    assert f"acasxu-fp16.yaml: {kernel}" in cap.err
+    if want == "sat":
+        assert f"witness from {kernel} kernel" in cap.err
+        p = load_vnnlib(acas / f"prop_{prop}.vnnlib")
+        vals = {m[0]: float(m[1]) for m in re.findall(r"\((\w+) ([^\s()]+)\)", cap.out)}
+        x = [vals[f"X_{i}"] for i in range(p.n_inputs)]
+        y = [vals[f"Y_{i}"] for i in range(p.n_outputs)]
+        assert p.violated(x, y) is not None  # the fp16-weight program's outputs, exactly

@@ -36,8 +36,8 @@ from kcverify.kernels.spec import KernelSpec
 from kcverify.models.ir import Graph
 
 DOMAIN_NAMES = ("interval", "linear", "best", "separate", "zonotope")
-_RULE_MODULES = ("activation", "elementwise", "linear", "normalization", "qdq", "reduce", "shape",
-                 "softmax")
+_RULE_MODULES = ("activation", "conv", "elementwise", "linear", "normalization", "qdq", "reduce",
+                 "shape", "softmax")
 _SHAPE_ONLY = frozenset({"Shape", "Size"})
 _INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
 

@@ -35,6 +35,8 @@ def test_every_registered_rule_has_a_case() -> None:
 
 def _check_case(case, spec_name: str, n_inputs: int, n_real: int, seed: int,
                 domain: str = "best") -> Stats:
+    if spec_name in case.skip_specs:
+        pytest.skip(f"{case.id}: kernel {spec_name} is not defined for this op")
     stats = Stats()
     g = case.graph()
     spec = SPECS[spec_name]

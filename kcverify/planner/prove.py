@@ -158,8 +158,11 @@ class Session:
             self._drift[key] = certify_drift(self.bound_graph, self.bound_train, self.bound_inf,
                                              **self.drift_item(name, rows), progress=progress)
             self.note(self._drift[key])
+            un = self._drift[key].unstable_casts
+            extra = ("" if un is None or not np.any(un) else
+                     f"; {int(np.sum(un))} unstable casts (max {int(np.max(un))} per input)")
             self.say(f"bounded {what} in {time.perf_counter() - t0:.1f}s: "
-                     f"certified max drift {float(np.max(self._drift[key].linf)):.4g}")
+                     f"certified max drift {float(np.max(self._drift[key].linf)):.4g}{extra}")
         return self._drift[key]
 
     def drift(self, name: str) -> Any:
@@ -178,6 +181,18 @@ class Session:
         return DriftResult(np.concatenate([p.linf for p in parts]), outs,
                            [r for p in parts for r in p.blocks], sum(p.seconds for p in parts),
                            parts[0].domain, unstable)
+
+    def unstable_casts(self) -> dict[str, list[int]]:
+        """Per bounded slice, the unstable casts of each input (kcverify.bounds.diagnostics):
+        the honest measure of how close the slice sits to an fp8 rounding boundary."""
+        out: dict[str, list[int]] = {}
+        for name in sorted({k[0] for k in self._drift}):
+            parts = [self._drift[(name, *r)] for r in self.chunks(name) if (name, *r) in self._drift]
+            if parts and all(p.unstable_casts is not None for p in parts):
+                counts = [int(v) for p in parts for v in p.unstable_casts]
+                if any(counts):
+                    out[name] = counts
+        return out
 
     def drift_item(self, name: str, rows: tuple[int, int] | None = None) -> dict[str, Any]:
         """The bound engine's work on slice ``name`` (rows [i0, i1) of it when given):
@@ -694,7 +709,8 @@ def prove(contract_path: str | os.PathLike[str], model_path: str | os.PathLike[s
                     escalation=dict(contract.escalation),
                     meta={"contract_path": str(contract.path), "domain": options.domain,
                           "device": options.device, "realizations": options.realizations,
-                          **({"memory_notes": list(s.notes)} if s.notes else {})})
+                          **({"memory_notes": list(s.notes)} if s.notes else {}),
+                          **({"unstable_casts": s.unstable_casts()} if s.unstable_casts() else {})})
     escalate(report, contract.escalation)
     _prune_blocks(b)
     statement = b.build()

@@ -57,4 +57,9 @@ def render_table(report: Report, slices: bool = True) -> str:
     open_ = [f"{c.id} ({c.decided_by})" for c in report.clauses if c.on_evidence]
     if open_:
         lines.append(f"certifiable, not proved: {', '.join(open_)}")
+    unstable = report.meta.get("unstable_casts") or {}
+    if unstable:
+        parts = [f"{name} {sum(v)} (max {max(v)} per input)" for name, v in unstable.items() if v]
+        lines.append("unstable casts (fp8 roundings conforming programs may take either way): "
+                     + "; ".join(parts))
     return "\n".join(lines)

@@ -19,10 +19,14 @@ Pure Python (the DSL imports this). The semantics a spec fixes, for every progra
   multiplied by its scales (one rounding in the accumulator) and the blocks summed there. So an
   accumulator that can overflow (fp16: 448^2 > 65504) makes the bound infinite, and the
   underflow of every rounding is an absolute eta_acc (times the scales) per term;
-* casts round to nearest-even unless ``rounding: any`` (then any neighbour of the exact value: an
-  error below one spacing, |Q(a) - a| <= 2u|a| + 2 eta s, against u|a| + eta s to nearest; a
-  quotient just above max_finite - a dynamic scale fl32(amax / max_finite) rounded down - may
-  then become +-inf or NaN);
+* ``rounding`` governs the casts a program performs at run time: the activation casts (every
+  non-constant MatMul / Gemm / Conv operand) and a graph's ``Cast``. They round to nearest-even
+  unless ``rounding: any`` (then any neighbour of the exact value: an error below one spacing,
+  |Q(a) - a| <= 2u|a| + 2 eta s, against u|a| + eta s to nearest; a quotient just above
+  max_finite - a dynamic scale fl32(amax / max_finite) rounded down - may then become +-inf or
+  NaN). Weights are cast once, ahead of time, to nearest-even whatever ``rounding`` says (Q(W)
+  is one point, computed exactly); arithmetic (+, -, *, /, the accumulation, the primitives)
+  keeps its own error model above and below (``ulps``), which ``rounding`` does not change;
 * a graph's ``Cast`` to a float type rounds into that type as a cast does (onnxruntime's fp32
   Cast(fp16) -> Cast(fp32) does), +-inf beyond its range, and stores the result in the compute
   format; it is the identity only where the target holds every compute-format value;

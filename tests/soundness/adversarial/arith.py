@@ -24,7 +24,14 @@ Orders (per output element, data dependent where it says so): ``seq``, ``rev``, 
 chunks of c summed left to right, partials then left to right), ``random`` and ``greedy_up`` /
 ``greedy_down`` (at each step the remaining term whose addition rounds furthest up / down),
 ``tree_up`` / ``tree_down`` (any tree, not only a chain: at each step the pair of live values,
-terms or partial sums, whose rounded sum moves furthest up / down; ties to the largest sum).
+terms or partial sums, whose rounded sum moves furthest up / down; ties to the largest sum),
+``halves`` (a balanced tree: the first ceil(n/2) terms and the last floor(n/2), recursively).
+
+``sm90_dot``: Hopper FP8 tensor-core accumulation (MMA-Sim's model, DeepSeek-V3 3.3.2), written
+from those public descriptions: groups of 32 products, each group's terms (and, in the ``with_c``
+variant, the running accumulator) aligned to their largest exponent E and truncated to 13
+fractional bits (multiples of 2^(E-13), toward zero, or toward -inf in the ``floor`` variant),
+summed exactly, the sum rounded toward zero to 13 fraction bits (an e8m13 value).
 """
 
 from __future__ import annotations
@@ -62,7 +69,13 @@ FMT: dict[str, Fmt] = {f.name: f for f in (
     Fmt("fp8_e4m3", 4, -6, 448.0, has_inf=False),
     Fmt("fp8_e5m2", 3, -14, 57344.0),
     Fmt("fp64", 53, -1022, float.fromhex("0x1.fffffffffffffp+1023")),
+    # OCP MX v1.0 element formats (no inf / NaN: casts saturate)
+    Fmt("fp6_e2m3", 4, 0, 7.5, has_inf=False),
+    Fmt("fp6_e3m2", 3, -2, 28.0, has_inf=False),
+    Fmt("fp4_e2m1", 2, 0, 6.0, has_inf=False),
 )}
+# OCP MX v1.0: emax_elem, the exponent of the element format's largest normal value
+EMAX_ELEM = {"fp4_e2m1": 2, "fp6_e2m3": 2, "fp6_e3m2": 4, "fp8_e4m3": 8, "fp8_e5m2": 15}
 
 
 def fmt_of(name: str) -> Fmt:
@@ -197,6 +210,8 @@ def ordered_sum(terms: np.ndarray, f: Fmt | str, order: str = "seq",
         return _greedy_sum(t, f, order == "greedy_up")
     if order.startswith("tree_"):
         return _greedy_tree(t, f, order == "tree_up")
+    if order == "halves":
+        return _halves(t, f)
     t = np.take_along_axis(t, perm(t, order, rng), axis=-1)
     n = t.shape[-1]
     if n == 0:
@@ -234,6 +249,67 @@ def _greedy_sum(t: np.ndarray, f: Fmt, up: bool) -> np.ndarray:
         s = np.take_along_axis(cand, k[..., None], axis=-1)[..., 0]
         np.put_along_axis(left, k[..., None], False, axis=-1)
     return s
+
+
+def _halves(t: np.ndarray, f: Fmt) -> np.ndarray:
+    n = t.shape[-1]
+    if n == 1:
+        return t[..., 0]
+    h = (n + 1) // 2
+    return _add(_halves(t[..., :h], f), _halves(t[..., h:], f), f)
+
+
+def _expo(x: np.ndarray) -> np.ndarray:
+    """floor(log2 |x|) (x != 0), exact."""
+    _, e = np.frexp(x)
+    return e - 1
+
+
+def _trunc_to(x: np.ndarray, q: np.ndarray, mode: str) -> np.ndarray:
+    r = x / q
+    return (np.trunc(r) if mode == "zero" else np.floor(r)) * q
+
+
+def sm90_group(c: np.ndarray, terms: np.ndarray, with_c: bool = True, mode: str = "zero"
+               ) -> np.ndarray:
+    """One MMA step: c (..., ) + the group's exact products terms (..., g) (float64, exact), as
+    the module doc describes; returns the new accumulator (an e8m13 value)."""
+    allt = np.concatenate([c[..., None], terms], axis=-1) if with_c else terms
+    nz = allt != 0
+    with np.errstate(divide="ignore"):
+        ex = np.where(nz, _expo(np.where(nz, allt, 1.0)), -10_000)
+    E = ex.max(axis=-1, keepdims=True)
+    q = np.ldexp(1.0, np.maximum(E - 13, -1074))
+    s = _trunc_to(allt, q, mode).sum(axis=-1)  # exact: <= 33 terms on one grid
+    if not with_c:
+        s = s + c  # exact in float64 (both on grids within 53 bits here)
+    out = np.zeros_like(s)
+    nzs = s != 0
+    es = _expo(np.where(nzs, s, 1.0))
+    qs = np.ldexp(1.0, np.maximum(es - 13, -1074))
+    out = np.where(nzs, np.trunc(s / qs) * qs, 0.0)
+    return out
+
+
+def sm90_dot(p: np.ndarray, promote: int | None, f: Fmt, order: str = "seq",
+             with_c: bool = True, mode: str = "zero", group: int = 32,
+             rng: np.random.Generator | None = None, scales: np.ndarray | None = None
+             ) -> np.ndarray:
+    """Exact products p (..., K) accumulated by the tensor core in groups of ``group``, the
+    e8m13 accumulator promoted into ``f`` (fp32) every ``promote`` products (None: once, at the
+    end), each promoted partial times ``scales[..., chunk]`` (per-block scales: one rounding)
+    when given, the partials combined in ``order`` in f."""
+    K = p.shape[-1]
+    step = promote or K
+    parts = []
+    for k0 in range(0, K, step):
+        c = np.zeros(p.shape[:-1])
+        for g0 in range(k0, min(K, k0 + step), group):
+            c = sm90_group(c, p[..., g0:min(K, k0 + step, g0 + group)], with_c, mode)
+        if scales is not None:
+            c = rnd(c * scales[..., k0 // step], f)
+        parts.append(rnd(c, f))
+    return ordered_sum(np.stack(parts, axis=-1), f, order, rng)
 
 
 def _greedy_tree(t: np.ndarray, f: Fmt, up: bool) -> np.ndarray:

@@ -20,6 +20,11 @@ the spec leaves open, taken adversarially:
 * ``sat``: an fp8 cast of a value beyond the format saturates (satfinite) or gives NaN;
 * ``trace``: a list that records every activation cast (format, q, s) in execution order, for
   checking a "stable cast" claim (test_stable_casts.py);
+* the spec's accumulation family (``spec.accumulation``, test_families.py): ``sequential``,
+  ``pairwise`` (``pairwise_form``: spec.py's halves or docs/kernels.md's levels), ``tile_k``,
+  ``mma: sm90_fp8`` (arith.sm90_dot; ``mma_variant`` / ``mma_trunc``), ``split_k`` (``split``,
+  ``split_sizes``, ``split_order``); block scales ``mx`` (OCP MX v1.0) and ``nv`` (NVFP4,
+  ``nv_prod``), 2-D ``per_block`` weight tiles, fp4 / fp6 element formats (always saturating);
 * ``sm_form`` / ``ln_form`` / ``gelu_form``: the decomposition. Row sums inside Softmax and
   LayerNorm are sums in the accumulator format in ``row_order``, stored in the compute format
   within ulps("reduce") (the spec since issue 11); Softmax divides by the sum (``two_pass``) or
@@ -44,12 +49,14 @@ import torch
 
 from kcverify.kernels.spec import CastSpec, KernelSpec
 from tests.soundness.adversarial.arith import (
+    EMAX_ELEM,
     FMT,
     Fmt,
     fma_sum,
     ordered_sum,
     rnd,
     round3,
+    sm90_dot,
     two_prod,
     within,
 )
@@ -77,6 +84,18 @@ class Program:
     label: str = ""
     # when a list: every activation cast appends (format name, q, s) (test_stable_casts)
     trace: list | None = None
+    # the accumulation families (spec.accumulation): the sm90 variant, split-K choice, NVFP4
+    mma_variant: str = "with_c"  # "with_c" / "no_c" (alignment with the accumulator or not)
+    mma_trunc: str = "zero"  # each aligned term truncated toward "zero" or "floor"
+    split: int | None = None  # one of the spec's split_k (None: the first)
+    split_sizes: str = "ceil"  # "ceil" (parts of ceil(K/S), the last shorter) or "even"
+    nv_prod: str = "exact"  # NVFP4's s = d S exact or rounded to fp32
+    # ``order: pairwise``: "halves" (kernels/spec.py's docstring: the first ceil(n/2) terms and
+    # the last floor(n/2), recursively) or "levels" (docs/kernels.md: (t0+t1), (t2+t3), ...)
+    pairwise_form: str = "halves"
+    # the order of split-K's S partial sums (None: left to right for a pinned family, sequential
+    # or pairwise, and this program's order otherwise)
+    split_order: str | None = None
 
     @property
     def C(self) -> Fmt:
@@ -244,19 +263,50 @@ class Program:
         elif cs.scale == "dynamic_per_token":
             s = self.scale(a.max(axis=kax, keepdims=True), cs)
             blk = None
+        elif cs.scale in ("per_block", "dynamic_per_block") and isinstance(cs.block_size, tuple):
+            bk, bn = (int(v) for v in cs.block_size)  # 2-D weight tiles (bk along K x bn)
+            s = self.scale(_block_amax(_block_amax(a, kax, bk), oax, bn), cs)
+            blk = bk
         elif cs.scale in ("per_block", "dynamic_per_block"):
             blk = int(cs.block_size or 32)
             s = self.scale(_block_amax(a, kax, blk), cs)
+        elif cs.scale == "mx":
+            blk = int(cs.block_size or 32)
+            s = mx_scale(_block_amax(a, kax, blk), cs.format.name)
+        elif cs.scale == "nv":
+            blk = int(cs.block_size or 16)
+            s = self.nv_scale(a, cs, kax, blk, const)
         else:
             raise ValueError(cs.scale)
         rounding = "nearest" if const or self.spec.rounding == "nearest" else self.cast_rounding
         if cs.format.kind == "int":  # symmetric integer steps (weights only)
             qmax = float(cs.format.max_finite)
             return np.clip(np.rint(x / s), -qmax, qmax), s, blk
-        q = self.cast(x, cs, s, rounding)
+        if cs.scale in ("mx", "nv") or FMT[cs.format.name].name.startswith(("fp4", "fp6")):
+            sat = self.sat if cs.saturate is None and cs.format.name.startswith("fp8") else True
+            q = self.with_(sat=sat if cs.saturate is None else bool(cs.saturate)).cast(
+                x, cs, s, rounding)
+            q = np.where(s == 0, 0.0, q)  # an NVFP4 block scale that underflowed: Q = 0
+        else:
+            q = self.cast(x, cs, s, rounding)
         if self.trace is not None and not const:
             self.trace.append((cs.format.name, q, np.broadcast_to(s, q.shape)))
         return q, s, blk
+
+    def nv_scale(self, a: np.ndarray, cs: CastSpec, kax: int, blk: int, const: bool
+                 ) -> np.ndarray:
+        """NVFP4: S = fl32(max(amax_t, floor) / (448 * 6)) (activations: per sample when
+        per_sample is axis0), d = RNE_e4m3(amax_b / (6 S)) per block along K, s = d S (exact,
+        or rounded to fp32 when ``nv_prod`` says so)."""
+        if const or self.per_sample == "whole" or a.ndim < 2:
+            amax_t = a.max(keepdims=True)
+        else:
+            amax_t = a.max(axis=tuple(range(1, a.ndim)), keepdims=True)
+        S = rnd(np.maximum(amax_t, float(cs.floor)) / (448.0 * 6.0), "fp32")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = rnd(_block_amax(a, kax, blk) / (6.0 * S), "fp8_e4m3", sat=True)
+        s = d * S
+        return rnd(s, "fp32") if self.nv_prod == "fp32" else s
 
     def matmul(self, a: np.ndarray, b: np.ndarray, a_const: bool, b_const: bool) -> np.ndarray:
         """numpy.matmul semantics under the spec's casts, accumulation and rescaling."""
@@ -275,6 +325,50 @@ class Program:
             y = np.squeeze(y, d)
         return y
 
+    def _sum(self, pa: np.ndarray, pb: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """sum_k pa pb along the last axis as the spec's accumulation family allows (kernels/
+        spec.py Accumulation): ``any`` in this program's order; ``sequential``; ``pairwise``
+        (halves); ``tile_k`` (tiles left to right, tiles' sums in this program's order);
+        ``mma: sm90_fp8`` (arith.sm90_dot, this program's variant); each of ``split_k``'s S
+        contiguous parts alone, the S partial sums added in this program's order."""
+        fam = self.spec.accumulation
+        A = self.A
+        if fam.is_default:
+            return fma_sum(pa, pb, A, self.order, rng)
+        pa, pb = np.broadcast_arrays(pa, pb)
+        p, e = two_prod(pa, pb)
+        assert not np.any(e), "a family program needs exact products"
+        K = p.shape[-1]
+        S = self.split if self.split is not None else fam.split_k[0]
+        if S > 1:
+            if self.split_sizes == "even":
+                bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(K), S)])
+            else:
+                c = -(-K // S)
+                bounds = list(range(0, K, c)) + [K]
+            parts = [self._family(p[..., k0:k1], rng) for k0, k1 in zip(bounds[:-1], bounds[1:])
+                     if k1 > k0]
+            pinned = fam.mma is None and fam.order in ("sequential", "pairwise")
+            porder = self.split_order or ("seq" if pinned else _free(self.order))
+            return ordered_sum(np.stack(parts, axis=-1), A, porder, rng)
+        return self._family(p, rng)
+
+    def _family(self, p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        fam = self.spec.accumulation
+        A = self.A
+        if fam.mma == "sm90_fp8":
+            return sm90_dot(p, fam.promote, A, _free(self.order), self.mma_variant == "with_c",
+                            self.mma_trunc, rng=rng)
+        if fam.order == "sequential":
+            return ordered_sum(p, A, "seq")
+        if fam.order == "pairwise":
+            return ordered_sum(p, A, "halves" if self.pairwise_form == "halves" else "pairwise")
+        if fam.order == "tile_k":
+            t = int(fam.tile_k)
+            tiles = [ordered_sum(p[..., k:k + t], A, "seq") for k in range(0, p.shape[-1], t)]
+            return ordered_sum(np.stack(tiles, axis=-1), A, _free(self.order), rng)
+        return ordered_sum(p, A, self.order, rng)
+
     def _dot(self, qa, sa, ba, qb, sb, bb, cast: bool) -> np.ndarray:
         A = self.A
         K = qa.shape[-1]
@@ -283,7 +377,7 @@ class Program:
         pb = np.swapaxes(qb, -1, -2)[..., None, :, :]
         rng = self.rng(11)
         if not cast:
-            acc = fma_sum(pa, pb, A, self.order, rng)
+            acc = self._sum(pa, pb, rng)
             return self._out(acc)
         sa_k = np.broadcast_to(sa, qa.shape)  # (..., M, K)
         sb_k = np.broadcast_to(sb, qb.shape)  # (..., K, N)
@@ -295,7 +389,7 @@ class Program:
                 acc = fma_sum(da[..., :, None, :], np.swapaxes(db, -1, -2)[..., None, :, :], A,
                               self.order, rng)
                 return self._out(acc)
-            acc = fma_sum(pa, pb, A, self.order, rng)
+            acc = self._sum(pa, pb, rng)
             s_a = sa_k[..., :, :1]  # (..., M, 1) constant along K
             s_b = sb_k[..., :1, :]  # (..., 1, N)
             return self._rescale(acc, s_a, s_b)
@@ -304,15 +398,14 @@ class Program:
         parts = []
         for k0 in range(0, K, blk):
             k1 = min(K, k0 + blk)
-            p = fma_sum(pa[..., k0:k1], pb[..., k0:k1], A, self.order, rng)
+            p = self._sum(pa[..., k0:k1], pb[..., k0:k1], rng)
             s_a = sa_k[..., :, k0:k0 + 1]
             s_b = sb_k[..., k0:k0 + 1, :]
             with np.errstate(invalid="ignore", over="ignore"):
                 hi, lo = two_prod(p, s_a * s_b)  # s_a s_b: 48 bits, exact in float64
                 p = round3(hi, lo, np.zeros_like(hi), A)  # one rounding in the accumulator
             parts.append(p)
-        border = "seq" if self.order.startswith(("chunk", "greedy")) else self.order
-        acc = ordered_sum(np.stack(parts, axis=-1), A, border, rng)
+        acc = ordered_sum(np.stack(parts, axis=-1), A, _free(self.order), rng)
         return self._out(acc)
 
     def _rescale(self, acc, s_a, s_b) -> np.ndarray:
@@ -427,6 +520,21 @@ class Program:
         if self.gelu_form == "onnx":  # ONNX's function body: x * (0.5 (1 + t))
             return self.mul(x, self.mul(0.5, self.add(1.0, t)))
         return self.mul(self.mul(0.5, x), self.add(1.0, t))  # torch, HF: (0.5 x)(1 + t)
+
+
+def _free(order: str) -> str:
+    """The program's order where a family leaves the combination of partial sums free (an
+    order over whole terms: a chunking or a product-level greedy order becomes sequential)."""
+    return "seq" if order.startswith(("chunk", "greedy")) else order
+
+
+def mx_scale(amax: np.ndarray, fmt: str) -> np.ndarray:
+    """OCP MX v1.0: X = 2^(floor(log2 amax) - emax_elem), clamped to E8M0's [2^-127, 2^127];
+    amax = 0 gives 2^-127."""
+    with np.errstate(divide="ignore"):
+        _, e = np.frexp(np.where(amax > 0, amax, 1.0))
+    ex = np.where(amax > 0, e - 1 - EMAX_ELEM[fmt], -127)
+    return np.ldexp(1.0, np.clip(ex, -127, 127))
 
 
 def _keep_inf(ex: np.ndarray, y: np.ndarray) -> np.ndarray:

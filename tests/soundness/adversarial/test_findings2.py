@@ -12,6 +12,20 @@ stays as a regression test). Numbering continues test_findings.py's.
     returns before it looks at the right operand, so its casts are never counted.
 16. ``unstable_casts`` is 0 under ``rounding: any``: every cast whose quotient is not a format
     value may go to either neighbour, but ``_grid_operand`` returns None before counting.
+17. ``accumulate: {format: fp32, mma: sm90_fp8, promote: N}`` parsed on 48f8641 and was
+    certified as an fp32 accumulator in any order (the engine did not read
+    ``spec.accumulation``): a Hopper FP8 tensor core truncates every product below 2^(E-13) of
+    its group (E its largest exponent), 448^2 + 31 products of 15 gives 448^2, 465 below the
+    exact sum, against a certified +-0.94. Fixed by 4f955d0 (the sm90 enclosure) before it was
+    reported; a regression test (and test_families.py's sm90 / DeepSeek-V3 attacks).
+18. ``order: pairwise`` is defined twice: kernels/spec.py's docstring says "a balanced tree:
+    halves of ceil(n/2) and floor(n/2)", docs/kernels.md "pairs (t0+t1), (t2+t3), ..., an odd
+    last term carried up". The engine evaluates a pinned schedule exactly at a point (4f955d0),
+    so a program following spec.py's definition lies outside the certified point: 629.09466 vs
+    [629.094788, 629.094788] on a 50-term fp32 row (the levels form is inside).
+19. ``split_k`` with a pinned order (sequential / pairwise): the spec says "the S partial sums
+    added in the accumulator", no order; the engine certifies left to right only, so adding
+    the S = 3 partials right to left (or in any other tree) is outside the certified point.
 
 14-16 are fixed since the count moved to the cast itself (rules/linear._operand: every
 activation cast of the interval MatMul rule, any scale kind, either rounding; an over-count
@@ -30,6 +44,7 @@ from onnx import helper
 
 from tests.soundness.adversarial.arith import next_up, rnd
 from tests.soundness.adversarial.harness import SESSION, Ledger, chain_model, node_model, spec
+from tests.soundness.adversarial.programs import Program
 from tests.soundness.adversarial.test_stable_casts import E4M3_PC, cast_programs, stable_claims
 
 
@@ -120,3 +135,70 @@ def test_constructions_split() -> None:
     model = node_model("MatMul", [("x", (1, 3)), ("w", np.ones((3, 1), np.float32))])
     tr = traces(model, cast_programs(sp), {"x": np.array([[1.0625, 1.5, 3.1]], np.float32)}, 0)
     assert max(_differing(tr[0], t) for t in tr[1:]) >= 1
+
+
+def test_17_sm90_truncation_is_bounded() -> None:
+    from kcverify.kernels.spec import parse_kernel_spec
+    from tests.soundness.adversarial.harness import TRAIN, attack
+
+    sp = parse_kernel_spec("inf", {"weights": E4M3_PC,
+                                   "activations": {"format": "fp8_e4m3",
+                                                   "scale": "dynamic_per_token"},
+                                   "accumulate": {"format": "fp32", "mma": "sm90_fp8",
+                                                  "promote": 128},
+                                   "compute": "fp32"})
+    x = np.zeros((1, 32), np.float32)
+    w = np.zeros((32, 1), np.float32)
+    x[0, :32], w[:32, 0] = 15.0, 1.0
+    x[0, 0] = w[0, 0] = 448.0  # 448^2: the group's grid is 2^(17 - 13) = 16 > 15
+    model = node_model("MatMul", [("x", (1, 32)), ("w", w)])
+    led = Ledger()
+    found = attack(led, "findings2/17", model, TRAIN, sp, {"x": x},
+                   [(Program(TRAIN), Program(sp))], domain="interval")
+    SESSION.merge(led)
+    assert not found, found[0]
+
+
+def _pinned_row_case(order: str, split_k: list[int]):
+    """A 50-term fp32 row (one 448 activation among mixed e4m3 magnitudes, scales pinned to 1)
+    under a pinned accumulation family: (model, spec, feeds)."""
+    from tests.soundness.adversarial.test_families import TOKEN, fam_spec, order_rows
+
+    sp = fam_spec({"format": "fp32", "order": order, "split_k": split_k}, E4M3_PC, TOKEN)
+    x, w = order_rows(np.random.default_rng([8, 4]), 6, 48, "fp32")
+    return node_model("MatMul", [("x", x.shape), ("w", w)]), sp, {"x": x}
+
+
+def _pinned_attack(model, sp, feeds, prog: Program) -> list[str]:
+    from tests.soundness.adversarial.harness import TRAIN, attack
+
+    led = Ledger()
+    found = attack(led, "findings2/pinned", model, TRAIN, sp, feeds, [(Program(TRAIN), prog)],
+                   domain="interval")
+    SESSION.merge(led)
+    return found
+
+
+@pytest.mark.xfail(strict=True, reason="finding 18: pairwise as spec.py's halves is not covered")
+def test_18_pairwise_as_the_spec_defines_it() -> None:
+    model, sp, feeds = _pinned_row_case("pairwise", [1])
+    found = _pinned_attack(model, sp, feeds, Program(sp, pairwise_form="halves",
+                                                     per_sample="axis0"))
+    assert not found, found[0]
+
+
+@pytest.mark.xfail(strict=True, reason="finding 19: split-K partials in another order")
+def test_19_split_k_partials_in_any_order() -> None:
+    model, sp, feeds = _pinned_row_case("pairwise", [1, 3])
+    found = _pinned_attack(model, sp, feeds, Program(sp, pairwise_form="levels", split=3,
+                                                     split_order="rev", per_sample="axis0"))
+    assert not found, found[0]
+
+
+def test_18_19_controls() -> None:
+    """The same rows with docs/kernels.md's pairwise levels and the partials left to right are
+    inside (so 18 and 19 fail for the stated choice alone)."""
+    model, sp, feeds = _pinned_row_case("pairwise", [1, 3])
+    for S in (1, 3):
+        assert not _pinned_attack(model, sp, feeds, Program(sp, pairwise_form="levels", split=S,
+                                                            per_sample="axis0"))

@@ -6,6 +6,7 @@ drift and worst excursion (distance from the certified interval's centre over it
     python bench/adversarial.py                 # ~10^6 pairs (tens of minutes on 2 cores)
     python bench/adversarial.py --scale 0.05    # a quick look
     python bench/adversarial.py --parts mlp,rules --depth 4
+    python bench/adversarial.py --parts fp8 --scale 0.75 --depth 4   # fp8 activations, ~30 min
 """
 
 from __future__ import annotations
@@ -21,12 +22,19 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.soundness.adversarial.campaign import PARTS, by_family, led_total, run_campaign
+    from tests.soundness.adversarial.campaign import (
+        DEFAULT_PARTS,
+        PARTS,
+        by_family,
+        led_total,
+        run_campaign,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="batch sizes and pair counts")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
+    ap.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                    help=f"subset of {','.join(PARTS)} (default: {','.join(DEFAULT_PARTS)})")
     ap.add_argument("--depth", type=int, default=3, help="class path components in the table")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
@@ -35,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
+    if not commit and (ROOT / "COMMIT").exists():  # an exported tree (git archive) says so
+        commit = (ROOT / "COMMIT").read_text().strip() + " (exported)"
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "kcverify"], cwd=ROOT,
                            capture_output=True, text=True).stdout.strip()
     commit += " (kcverify/ has uncommitted changes)" if dirty else ""

@@ -14,7 +14,12 @@ Classes (a pair = one input row checked against one (training, inference) progra
 * ``campaign/rule/<case>/<spec>``: every rule case of rulecases.py at a batch of inputs of
   every kind (but the combinations an open finding of test_findings.py pins down);
 * ``campaign/model/<name>``: the token models and the encoder layer (both exporters), domain
-  best, a few pairs (each costs a forward pass per program).
+  best, a few pairs (each costs a forward pass per program);
+* ``campaign/fp8/<model>/<spec>``: fp8 activations on every shipped model and the encoder
+  layer: examples/contracts/fp8-deploy.yaml's inference kernel, its ``rounding: any`` variant,
+  the same on Hopper FP8 tensor cores (``mma: sm90_fp8, promote: 128``) and per-token e4m3
+  with bf16 compute; MLPs over batches of normal / fp8-midpoint / saturating inputs (interval,
+  best on two rows), the transformers on token inputs (interval over a batch, best on one).
 
 An engine that raises instead of bounding (InternalError, or a BoundError refusal such as
 Sqrt of a box reaching below 0) is recorded per class as an engine error, not as a pair.
@@ -142,14 +147,95 @@ def transformers(led: Ledger, scale: float, seed: int, log: Callable[[str], None
             f"{led_total(led, f'campaign/model/encoder_layer_{exporter}')} pairs")
 
 
+FP8_SPECS = {
+    "fp8-deploy": spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+                       activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
+                       accumulate="fp32", compute="fp32"),
+    "fp8-deploy-any": spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+                           activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
+                           accumulate="fp32", compute="fp32", rounding="any"),
+    "fp8-deploy-sm90": spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+                            activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
+                            accumulate={"format": "fp32", "mma": "sm90_fp8", "promote": 128},
+                            compute="fp32"),
+    "fp8-token-bf16": spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+                           activations={"format": "fp8_e4m3", "scale": "dynamic_per_token"},
+                           accumulate="fp32", compute="bf16"),
+}
+
+
+def _fp8_pairs(sp, n: int, seed: int, **fixed) -> list:
+    """attacks.pairs plus the sm90 variants (accumulator outside the alignment, truncation
+    toward -inf) when the spec names the tensor core."""
+    out = pairs(TRAIN, sp, n, seed, **fixed)
+    if sp.accumulation.mma is not None:
+        from tests.soundness.adversarial.programs import Program
+
+        out += [(Program(TRAIN, order="seq"),
+                 Program(sp, order="rev", mma_variant=v, mma_trunc=t, label=f"sm90 {v}/{t}",
+                         **fixed))
+                for v, t in (("no_c", "zero"), ("with_c", "floor"))]
+    return out
+
+
+def fp8_models(led: Ledger, scale: float, seed: int, log: Callable[[str], None]) -> None:
+    n = max(2, int(256 * scale))
+    n_pairs = max(2, int(8 * scale))
+    for name, d in (("mlp_tiny", 4), ("mlp_small", 8)):
+        model = shipped(name)
+        for sp_name, sp in FP8_SPECS.items():
+            cls = f"campaign/fp8/{name}/{sp_name}"
+            for k, kind in enumerate(("normal", "midpoint", "saturate")):
+                rng = np.random.default_rng([seed, d, k, len(sp_name), 8])
+                x = {"x": _mlp_x(d, kind, n, rng)}
+                _check_batch(led, cls, model, sp, x, 2 * n_pairs, seed + k, "interval")
+                _check_batch(led, cls, model, sp, {"x": x["x"][:2]}, n_pairs, seed + k, "best")
+            log(f"fp8 {name} {sp_name}: {led_total(led, cls)} pairs")
+    n_ids = max(1, int(4 * scale))
+    for name in ("tiny_encoder", "tiny_decoder"):
+        model = shipped(name)
+        for sp_name, sp in FP8_SPECS.items():
+            cls = f"campaign/fp8/{name}/{sp_name}"
+            ids = np.random.default_rng([seed, len(name), len(sp_name)]).integers(
+                0, 256, size=(n_ids, 8))
+            for domain, rows in (("interval", slice(None)), ("best", slice(0, 1))):
+                try:
+                    attack(led, cls, model, TRAIN, sp, {"input_ids": ids[rows]},
+                           _fp8_pairs(sp, n_pairs, seed), domain=domain)
+                except (InternalError, BoundError) as e:
+                    led[cls].errors.append(f"{cls} ({domain}): {type(e).__name__}: {e}")
+            log(f"fp8 {name} {sp_name}: {led_total(led, cls)} pairs")
+    for exporter in ("legacy", "dynamo"):
+        model = encoder_layer(exporter)
+        if isinstance(model, str):
+            log(f"fp8 encoder layer ({exporter}) skipped: {model}")
+            continue
+        for sp_name, sp in FP8_SPECS.items():
+            cls = f"campaign/fp8/encoder_layer_{exporter}/{sp_name}"
+            for s in range(max(1, int(2 * scale))):
+                rng = np.random.default_rng([seed, s, len(sp_name)])
+                x = (rng.normal(size=(1, 8, 32)) * (1.0 if s % 2 == 0 else 8.0)).astype(np.float32)
+                for domain in ("interval", "best"):
+                    try:
+                        attack(led, cls, model, TRAIN, sp, {"x": x},
+                               _fp8_pairs(sp, n_pairs, seed + s), domain=domain)
+                    except (InternalError, BoundError) as e:
+                        led[cls].errors.append(f"{cls} ({domain}): {type(e).__name__}: {e}")
+            log(f"fp8 encoder layer {exporter} {sp_name}: {led_total(led, cls)} pairs")
+
+
 def led_total(led: Ledger, prefix: str) -> int:
     return sum(st.pairs for n, st in led.classes.items() if n.startswith(prefix))
 
 
-PARTS = {"mlp": mlp_points, "regions": mlp_regions, "rules": rules, "models": transformers}
+PARTS = {"mlp": mlp_points, "regions": mlp_regions, "rules": rules, "models": transformers,
+         "fp8": fp8_models}
+# the 10^6-pair campaign's parts (fp8: whole models with fp8 activations, its own test and
+# bench run: python bench/adversarial.py --parts fp8)
+DEFAULT_PARTS = ("mlp", "regions", "rules", "models")
 
 
-def run_campaign(scale: float = 1.0, seed: int = 0, parts: tuple[str, ...] = tuple(PARTS),
+def run_campaign(scale: float = 1.0, seed: int = 0, parts: tuple[str, ...] = DEFAULT_PARTS,
                  log: Callable[[str], None] = lambda s: None) -> Ledger:
     led = Ledger()
     for part in parts:

@@ -30,3 +30,16 @@ def test_campaign_smoke() -> None:
     assert not bad, bad[0]
     errors = [e for st in led.classes.values() for e in st.errors]
     assert not any("InternalError" in e for e in errors), errors[:2]
+
+
+@pytest.mark.campaign
+def test_fp8_models_campaign() -> None:
+    """Whole models with fp8 activations (campaign.fp8_models: fp8-deploy, rounding any, sm90
+    tensor cores, per-token bf16) at a quarter scale: no violation, no internal error."""
+    led = run_campaign(scale=0.25, seed=2, parts=("fp8",))
+    SESSION.merge(by_family(led, 4))
+    assert led_total(led, "campaign/fp8/") > 0
+    bad = [v for st in led.classes.values() for v in st.violations]
+    assert not bad, f"{len(bad)} violations; first: {bad[0]}"
+    errors = [e for st in led.classes.values() for e in st.errors]
+    assert not any("InternalError" in e for e in errors), errors[:2]

@@ -26,6 +26,12 @@ stays as a regression test). Numbering continues test_findings.py's.
 19. ``split_k`` with a pinned order (sequential / pairwise): the spec says "the S partial sums
     added in the accumulator", no order; the engine certifies left to right only, so adding
     the S = 3 partials right to left (or in any other tree) is outside the certified point.
+20. A pinned order (``order: sequential``) with scales that are not powers of two (fp8-deploy's
+    dynamic per-tensor activations, per-channel weights, fp32 compute): the spec lets the
+    program rescale the sum with two roundings ("then rescales and rounds the result to
+    compute format (two roundings)"), but the engine certifies one point, the realizer's own
+    rescaling: fl32(acc * fl32(s_a s_b)) and fl32(fl32(acc * s_a) * s_b) both lie one fp32 ulp
+    outside it (-16.0414886 vs [-16.04148674, -16.04148674]).
 
 14-16 are fixed since the count moved to the cast itself (rules/linear._operand: every
 activation cast of the interval MatMul rule, any scale kind, either rounding; an over-count
@@ -201,4 +207,33 @@ def test_18_19_controls() -> None:
     model, sp, feeds = _pinned_row_case("pairwise", [1, 3])
     for S in (1, 3):
         assert not _pinned_attack(model, sp, feeds, Program(sp, pairwise_form="levels", split=S,
+                                                            per_sample="axis0"))
+
+
+def _rescale_case():
+    from tests.soundness.adversarial.test_families import fam_spec
+
+    sp = fam_spec({"format": "fp32", "order": "sequential"}, E4M3_PC,
+                  {"format": "fp8_e4m3", "scale": "dynamic_per_tensor"})
+    rng = np.random.default_rng(3)
+    x = (rng.normal(size=(4, 48)) * 3).astype(np.float32)
+    w = (rng.normal(size=(48, 5)) * 0.3).astype(np.float32)
+    return node_model("MatMul", [("x", x.shape), ("w", w)]), sp, {"x": x}
+
+
+@pytest.mark.xfail(strict=True, reason="finding 20: a pinned order certifies one rescaling")
+@pytest.mark.parametrize("rescale", ["one", "two"])
+def test_20_pinned_order_any_two_rounding_rescale(rescale: str) -> None:
+    model, sp, feeds = _rescale_case()
+    found = _pinned_attack(model, sp, feeds, Program(sp, rescale=rescale, per_sample="axis0"))
+    assert not found, found[0]
+
+
+def test_20_control_any_order_covers_both() -> None:
+    """The same rows under ``accumulate: fp32`` (any order) are inside for both rescalings."""
+    model, _, feeds = _rescale_case()
+    sp = spec(weights=E4M3_PC, activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
+              accumulate="fp32", compute="fp32")
+    for rescale in ("one", "two"):
+        assert not _pinned_attack(model, sp, feeds, Program(sp, order="seq", rescale=rescale,
                                                             per_sample="axis0"))

@@ -330,3 +330,45 @@ def test_midpoint_activations_stable_claim_slow(name: str) -> None:
         found += _one(name, seed, R=8, K=32)
     found += _one(name, 7, R=4, K=16, domain="best")
     assert not found, "\n".join(found[:4])
+
+
+def nvfp4_midpoint_rows(R: int = 3, K: int = 64) -> np.ndarray:
+    """NVFP4 rows: per row a tensor amax, blocks of 16 with amaxes off the e4m3 steps, the
+    other elements at e2m1 midpoints of the block's scale s = d S, exactly or one fp32 ulp off
+    (s = d S exact or rounded to fp32, and the quotient exact or in fp32: programs disagree)."""
+    mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    x = np.zeros((R, K))
+    for r in range(R):
+        amax_t = 100.0 * (r + 1) / 3
+        S = float(rnd(amax_t / 2688.0, "fp32"))
+        for b0 in range(0, K, 16):
+            amax_b = amax_t * [1.0, 0.77, 0.31, 0.053][(b0 // 16) % 4]
+            s = float(rnd(amax_b / (6 * S), "fp8_e4m3")) * S
+            x[r, b0] = amax_b
+            for j in range(1, 16):
+                v = float(rnd(mids[j % 7] * s, "fp32")) * (-1) ** j
+                x[r, b0 + j] = [float(next_down(v, "fp32")), v, float(next_up(v, "fp32"))][j % 3]
+    return x.astype(np.float32)
+
+
+def test_nvfp4_block_midpoints() -> None:
+    """NVFP4 casts (e4m3 block scales under an fp32 tensor scale) at e2m1 midpoints: programs
+    that form s = d S exactly or in fp32, and the quotient exactly or in fp32, cast apart; the
+    count holds them, the outputs are inside."""
+    from tests.soundness.adversarial.test_families import fam_spec
+
+    sp = fam_spec("fp32", {"format": "fp4_e2m1", "scale": "nv"},
+                  {"format": "fp4_e2m1", "scale": "nv"})
+    x = nvfp4_midpoint_rows()
+    w = np.random.default_rng(1).normal(size=(64, 2)).astype(np.float32)
+    model = node_model("MatMul", [("x", x.shape), ("w", w)])
+    progs = [Program(sp, quotient=q, nv_prod=n, label=f"q {q} / s {n}")
+             for q in ("exact", "fp32") for n in ("exact", "fp32")]
+    tr = traces(model, progs, {"x": x}, 0)
+    assert max(_differing(tr[0], t) for t in tr[1:]) >= 1, "the construction must split"
+    led = Ledger()
+    found = stable_claims(led, "stable-casts/nvfp4", model, sp, {"x": x}, progs)
+    found += attack(led, "stable-casts/nvfp4/outputs", model, TRAIN, sp, {"x": x},
+                    [(Program(TRAIN), p) for p in progs])
+    SESSION.merge(led)
+    assert not found, "\n".join(found[:4])

@@ -190,7 +190,7 @@ def fp8_models(led: Ledger, scale: float, seed: int, log: Callable[[str], None])
                 x = {"x": _mlp_x(d, kind, n, rng)}
                 _check_batch(led, cls, model, sp, x, 2 * n_pairs, seed + k, "interval")
                 _check_batch(led, cls, model, sp, {"x": x["x"][:2]}, n_pairs, seed + k, "best")
-            log(f"fp8 {name} {sp_name}: {led_total(led, cls)} pairs")
+            log(f"fp8 {name} {sp_name}: {_line(led, cls)}")
     n_ids = max(1, int(4 * scale))
     for name in ("tiny_encoder", "tiny_decoder"):
         model = shipped(name)
@@ -204,7 +204,7 @@ def fp8_models(led: Ledger, scale: float, seed: int, log: Callable[[str], None])
                            _fp8_pairs(sp, n_pairs, seed), domain=domain)
                 except (InternalError, BoundError) as e:
                     led[cls].errors.append(f"{cls} ({domain}): {type(e).__name__}: {e}")
-            log(f"fp8 {name} {sp_name}: {led_total(led, cls)} pairs")
+            log(f"fp8 {name} {sp_name}: {_line(led, cls)}")
     for exporter in ("legacy", "dynamo"):
         model = encoder_layer(exporter)
         if isinstance(model, str):
@@ -221,7 +221,15 @@ def fp8_models(led: Ledger, scale: float, seed: int, log: Callable[[str], None])
                                _fp8_pairs(sp, n_pairs, seed + s), domain=domain)
                     except (InternalError, BoundError) as e:
                         led[cls].errors.append(f"{cls} ({domain}): {type(e).__name__}: {e}")
-            log(f"fp8 encoder layer {exporter} {sp_name}: {led_total(led, cls)} pairs")
+            log(f"fp8 encoder layer {exporter} {sp_name}: {_line(led, cls)}")
+
+
+def _line(led: Ledger, cls: str) -> str:
+    """One class's running figures (a campaign cut short still says what it found)."""
+    st = led[cls]
+    return (f"{st.pairs} pairs, {len(st.violations)} violations, worst obs/cert drift "
+            f"{st.worst_drift:.4g}, excursion {st.worst_excursion:.4g}, engine errors "
+            f"{len(st.errors)}" + (f"; first: {st.violations[0][:300]}" if st.violations else ""))
 
 
 def led_total(led: Ledger, prefix: str) -> int:

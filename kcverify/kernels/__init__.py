@@ -1,7 +1,8 @@
 """Number formats, kernel specs, exact casts and concrete realizations (semantics §1.1).
 
     formats   Format, get_format, gamma                 (pure Python: the DSL imports these)
-    spec      KernelSpec, CastSpec, parse_kernel_spec   (pure Python)
+    spec      KernelSpec, CastSpec, Accumulation, parse_kernel_spec   (pure Python)
+    scales    ScaleKind, KINDS, kind_of, Unsupported    scale kinds as objects (light import)
     cast      cast_to, cast_grid, round_to_format       exact casts on float64 torch tensors
     scale     weight_scale, activation_scale, quantize_weight, quantize_activation
     realize   Realization, random_realization, run_kernel

@@ -496,3 +496,19 @@ def test_reachable_matches_a_chain() -> None:
     assert float(ordered_sum(np.array([t]), "fp32", "rev")[0]) in outs
     assert reachable_float([1.0, 2.0, 4.0], "fp32") == {7.0}
     assert ratio_text(Ledger()["x"]).startswith("0 pairs")
+
+
+@pytest.mark.parametrize("acc", ["fp32", "bf16"])
+def test_gemm_trans_b(acc: str) -> None:
+    """Gemm(x, W^T, transB=1): the weight's per-channel scale and grains taken along the other
+    axis; the same pinned limit rows."""
+    from onnx import helper
+
+    from tests.soundness.adversarial.harness import chain_model
+
+    rows = [limit_terms(acc, off, fine) for off, fine in ((-2, ()), (0, (3, -1)), (2, (1,)))]
+    x, w = pinned_matmul(rows)
+    nodes = [helper.make_node("Gemm", ["x", "wt"], ["y"], transB=1)]
+    model = chain_model(nodes, [("x", x.shape), ("wt", np.ascontiguousarray(w.T))], ["y"])
+    found = _engine_attack(f"grid/gemm-transB/{acc}", model, _sp(acc), {"x": x})
+    assert not found, "\n".join(found[:3])

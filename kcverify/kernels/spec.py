@@ -146,15 +146,17 @@ class Accumulation:
     """The accumulation family of a kernel's dot products (docs/kernels.md).
 
     ``order``: ``any`` (every evaluation tree: the widest family), ``sequential`` (left to
-    right), ``pairwise`` (a balanced tree: halves of ceil(n/2) and floor(n/2)... see
-    kernels/realize.py), ``tile_k`` (blocks of ``tile_k`` terms summed left to right, the
+    right), ``pairwise`` (by levels: adjacent pairs (t0 + t1), (t2 + t3), ..., an odd last
+    term carried to the next level; kernels/realize.py ``_pairwise``), ``tile_k`` (blocks of ``tile_k`` terms summed left to right, the
     blocks' sums combined in any order). ``mma``: a tensor-core accumulator (``sm90_fp8``:
     Hopper FP8 wgmma, groups of 32 products aligned to the group's largest exponent, truncated
     to 13 fractional bits, summed and rounded toward zero to 13 fraction bits), promoted every
     ``promote`` products (None: never) into the fp32 accumulator, the promoted partial sums
     combined in any order. ``split_k``: the finite set of split-K factors a kernel may use (K in
-    S contiguous parts, each accumulated alone, the S partial sums added in the accumulator);
-    a certificate covers each."""
+    S contiguous parts, each accumulated alone, the S partial sums added in the accumulator:
+    left to right in a pinned kernel, in any order otherwise); a certificate covers each. A
+    pinned kernel's + - * / are correctly rounded to nearest; its MatMul rescale s_a s_b acc
+    may take one or two roundings."""
 
     order: str = "any"
     tile_k: int | None = None

@@ -448,7 +448,15 @@ def _pinned_point(spec: KernelSpec, a_lo: torch.Tensor, a_hi: torch.Tensor, a_we
     if not all(bool(torch.isfinite(v).all()) for v in vals):
         return None
     v = torch.stack(vals)
-    return v.amin(0), v.amax(0)
+    lo, hi = v.amin(0), v.amax(0)
+    if spec.weights is not None or spec.activations is not None:
+        # the rescale s_a s_b acc may take two roundings (fl(fl(s_a s_b) acc), fl(fl(acc s_a)
+        # s_b), ...): within one spacing of the realization's one-rounding value
+        from kcverify.kernels.cast import grid_step
+
+        lo = lo - grid_step(lo, spec.compute)
+        hi = hi + grid_step(hi, spec.compute)
+    return lo, hi
 
 
 def _grid_pair(ctx: RuleCtx, spec: KernelSpec, k: int, a, a_lo, a_hi, a_weight: bool, ax_a,

@@ -76,7 +76,9 @@ def family_programs(sp: KernelSpec, limit: int = 0) -> list[Program]:
                                        nv_prod=nvp, per_sample="axis0", seed=k,
                                        label=f"S={S}/{sizes}/{variant}/{trunc}/{order}/{q}/{nvp}"))
                     k += 1
-    return out[:limit] if limit else out
+    if not limit or limit >= len(out):
+        return out
+    return out[:: len(out) // limit][:limit]  # spread over every choice
 
 
 def _attack(cls: str, model, sp: KernelSpec, feeds: dict, domains=("interval", "best"),
@@ -126,16 +128,18 @@ def test_sm90_emulation_loses_what_it_should() -> None:
     assert sm90_dot(np.array([[1.0, -(2.0**-14)]]), None, f, mode="floor")[0] == 1.0 - 2.0**-13
 
 
-@pytest.mark.parametrize("promote", [128, 32, None])
-def test_sm90_rows_where_truncation_drops_everything(promote) -> None:
+@pytest.mark.parametrize("promote,split", [(128, [1]), (32, [1]), (None, [1]), (32, [1, 2, 3])])
+def test_sm90_rows_where_truncation_drops_everything(promote, split) -> None:
     """Rows whose small products sit just under the tensor core's grid: the family's error is
-    ~ K * 15 (row 0), far beyond an fp32 any-order enclosure."""
-    sp = fam_spec({"format": "fp32", "mma": "sm90_fp8", "promote": promote}, E4M3_PC, TOKEN)
+    ~ K * 15 (row 0), far beyond an fp32 any-order enclosure; with split-K the promotion
+    restarts in each part (parts of ceil(K / S) or even sizes)."""
+    sp = fam_spec({"format": "fp32", "mma": "sm90_fp8", "promote": promote, "split_k": split},
+                  E4M3_PC, TOKEN)
     if sp.accumulation.mma is None:
         pytest.skip("accumulation mma not parsed")
     x, w = sm90_rows(64)
     model = node_model("MatMul", [("x", x.shape), ("w", w)])
-    found = _attack("families/sm90", model, sp, {"x": x}, limit=12)
+    found = _attack("families/sm90", model, sp, {"x": x}, limit=12 if len(split) == 1 else 16)
     assert not found, "\n".join(found[:3])
 
 
@@ -226,7 +230,7 @@ def _emax(fmt: str) -> int:
     return EMAX_ELEM[fmt]
 
 
-@pytest.mark.parametrize("fmt", ["fp4_e2m1", "fp6_e2m3", "fp6_e3m2", "fp8_e4m3"])
+@pytest.mark.parametrize("fmt", ["fp4_e2m1", "fp6_e2m3", "fp6_e3m2", "fp8_e4m3", "fp8_e5m2"])
 def test_mx_activations(fmt: str) -> None:
     """MX-scaled activations (blocks of 32) times mx weights of the same format."""
     if fmt not in FMT:

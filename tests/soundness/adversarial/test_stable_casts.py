@@ -372,3 +372,28 @@ def test_nvfp4_block_midpoints() -> None:
                     [(Program(TRAIN), p) for p in progs])
     SESSION.merge(led)
     assert not found, "\n".join(found[:4])
+
+
+@pytest.mark.parametrize("name", ["mlp_tiny",
+                                  pytest.param("tiny_encoder", marks=pytest.mark.slow)])
+def test_whole_model_claims(name: str) -> None:
+    """fp8-deploy's inference kernel (dynamic per-tensor e4m3 activations) on a shipped model:
+    per input, the engine's unstable-cast count holds every cast two programs round apart
+    (mlp_tiny at fp8 midpoints; tiny_encoder on token ids, where the programs' own orders and
+    roundings move every later cast)."""
+    from tests.soundness.adversarial.subjects import shipped
+
+    sp = spec(weights=E4M3_PC, activations=_acts("dynamic_per_tensor"), accumulate="fp32",
+              compute="fp32")
+    model = shipped(name)
+    rng = np.random.default_rng(11)
+    if name == "mlp_tiny":
+        feeds = {"x": np.stack([fp8_midpoints((4,), "fp8_e4m3", rng, amax=a)
+                                for a in (0.7, 1.3, 2.9)]).astype(np.float32)}
+    else:
+        feeds = {"input_ids": rng.integers(0, 256, size=(1, 8))}
+    led = Ledger()
+    found = stable_claims(led, f"stable-casts/model/{name}", model, sp, feeds,
+                          cast_programs(sp)[:4])
+    SESSION.merge(led)
+    assert not found, "\n".join(found[:4])

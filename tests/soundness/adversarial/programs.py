@@ -14,7 +14,8 @@ the spec leaves open, taken adversarially:
   ``rounding: any``, to either neighbour (up / down / random);
 * ``quotient``: an activation cast rounds a / s taken exactly or first rounded to fp32;
 * ``acc``: what a MatMul accumulates: ``unscaled`` products of the cast values q_a q_b (the
-  scales applied after the sum: ``rescale`` one or two fp32 multiplications), or ``dequant``
+  scales applied after the sum: ``rescale`` "one" fl32(acc fl32(s_a s_b)), "two"
+  fl32(fl32(acc s_a) s_b), or "exact" one rounding of acc s_a s_b), or ``dequant``
   products of the dequantised values (s_a q_a)(s_b q_b); per-block scales promote each block's
   partial sum before the blocks are summed;
 * ``sat``: an fp8 cast of a value beyond the format saturates (satfinite) or gives NaN;
@@ -413,6 +414,9 @@ class Program:
             if self.rescale == "one":
                 S = rnd(s_a * s_b, "fp32")
                 y = rnd(acc * S, "fp32")
+            elif self.rescale == "exact":  # one rounding of acc s_a s_b (an FMA-like epilogue)
+                hi, lo = two_prod(acc, s_a * s_b)  # s_a s_b: 48 bits, exact in float64
+                y = round3(hi, lo, np.zeros_like(hi), FMT["fp32"])
             else:
                 y = rnd(rnd(acc * s_a, "fp32") * s_b, "fp32")
         return self._out(y)

@@ -30,8 +30,10 @@ stays as a regression test). Numbering continues test_findings.py's.
     dynamic per-tensor activations, per-channel weights, fp32 compute): the spec lets the
     program rescale the sum with two roundings ("then rescales and rounds the result to
     compute format (two roundings)"), but the engine certifies one point, the realizer's own
-    rescaling: fl32(acc * fl32(s_a s_b)) and fl32(fl32(acc * s_a) * s_b) both lie one fp32 ulp
-    outside it (-16.0414886 vs [-16.04148674, -16.04148674]).
+    rescaling, one rounding of acc s_a s_b: fl32(acc * fl32(s_a s_b)) (cuBLASLt's alpha =
+    scale_a scale_b, the usual FP8 GEMM epilogue) and fl32(fl32(acc * s_a) * s_b) both lie one
+    fp32 ulp outside it (-16.0414886 vs [-16.04148674, -16.04148674]); every dynamic activation
+    scale (per tensor, per token) with per-channel or per-tensor weights.
 21. ``split_k`` part sizes: the spec says "K in S contiguous parts", not which; with a pinned
     order the engine certifies parts of ceil(K / S) (the last shorter) only, and a program that
     splits as evenly as possible (K = 50, S = 4: 13, 13, 12, 12; numpy.array_split,
@@ -226,6 +228,12 @@ def _rescale_case():
     return node_model("MatMul", [("x", x.shape), ("w", w)]), sp, {"x": x}
 
 
+def test_20_control_the_certified_rescaling() -> None:
+    """The one rescaling the pinned point holds: a single rounding of acc s_a s_b."""
+    model, sp, feeds = _rescale_case()
+    assert not _pinned_attack(model, sp, feeds, Program(sp, rescale="exact", per_sample="axis0"))
+
+
 @pytest.mark.xfail(strict=True, reason="finding 20: a pinned order certifies one rescaling")
 @pytest.mark.parametrize("rescale", ["one", "two"])
 def test_20_pinned_order_any_two_rounding_rescale(rescale: str) -> None:
@@ -239,7 +247,7 @@ def test_20_control_any_order_covers_both() -> None:
     model, _, feeds = _rescale_case()
     sp = spec(weights=E4M3_PC, activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
               accumulate="fp32", compute="fp32")
-    for rescale in ("one", "two"):
+    for rescale in ("one", "two", "exact"):
         assert not _pinned_attack(model, sp, feeds, Program(sp, order="seq", rescale=rescale,
                                                             per_sample="axis0"))
 

@@ -376,6 +376,11 @@ def supported(spec: KernelSpec) -> str | None:
         return "activation casts are bounded by the engine's domains, not the chain domain"
     if spec.onnx is not None:
         return "a kernel given as a second ONNX graph"
+    acc = getattr(spec, "accumulation", None)
+    if acc is not None and acc.mma is not None:
+        # the chain's accumulation error is fp32's in any order (which holds the pinned
+        # orders); a tensor-core accumulator truncates far beyond it (docs/kernels.md)
+        return f"a tensor-core accumulator (mma: {acc.mma}) is bounded by the engine's domains"
     return None
 
 

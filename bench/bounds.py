@@ -15,6 +15,7 @@ fp8-deploy demo with fp8 activations), model and domain:
                 always, 1 is perfect)
   sep/diff      separate-kernel baseline bound / differential bound (point inputs, and an
                 input/embedding box of radius --eps)
+  unstable      unstable casts per input: fp8 roundings conforming programs may take either way
 Figures are medians over the batch; 'inf' means the domain gave no finite bound. Domains:
 interval (per block), linear (the whole graph as one block: intervals, symbolic intervals and
 the zonotope, so forms span every layer), best (per block: all three; what certificates store).
@@ -150,12 +151,19 @@ def main() -> None:
         bench_contract(args, train, inf)
 
 
+def unstable_text(res) -> str:
+    """Unstable casts per input (median over the batch): fp8 roundings the programs may take
+    either way (kcverify.bounds.diagnostics; issue 12's diagnostic)."""
+    u = getattr(res, "unstable_casts", None)
+    return "-" if u is None else f"{int(np.median(u))}"
+
+
 def bench_contract(args, train, inf) -> None:
     print(f"device {args.device}, torch threads {torch.get_num_threads()}, batch {args.batch}, "
           f"seq {args.seq}, region eps {args.eps}, load average {os.getloadavg()[0]:.1f}")
     print(f"{'model':<14}{'domain':<10}{'ort s':>9}{'fwd s':>9}{'cert s':>9}{'time/ort':>10}"
           f"{'time/fwd':>10}{'bound':>11}{'falsifier':>11}{'cert/fals':>10}{'sep/diff':>10}"
-          f"{'box bound':>11}{'box sep/diff':>13}")
+          f"{'unstable':>9}{'box bound':>11}{'box sep/diff':>13}")
     for name in [m for m in args.models.split(",") if m]:
         path = MODEL_FILES.get(name, Path(name))
         if not path.exists():
@@ -190,7 +198,7 @@ def bench_contract(args, train, inf) -> None:
                 print(f"{name:<14}{domain:<10}{ort_fwd:>9.5f}{fwd:>9.4f}{dt:>9.3f}"
                       f"{dt / ort_fwd:>10.0f}{dt / fwd:>10.1f}"
                       f"{med(res.linf):>11.4g}{med(fals):>11.4g}{ratio(res.linf, fals):>10.4g}"
-                      f"{ratio(sep, res.linf):>10.4g}{box_txt}")
+                      f"{ratio(sep, res.linf):>10.4g}{unstable_text(res):>9}{box_txt}")
             sys.stdout.flush()
 
 

@@ -32,14 +32,14 @@ rulecases.OPEN_FINDINGS (skipped by the generic sweeps) until then.
    float64, the drift is certified ~14x too small on a box (found by the campaign as an
    InternalError at a point; fixed in 98c8b53).
 10. ReduceMean in fp16: the sum stored in the compute format before the division overflows
-    (open).
+    (fixed in 989cb01).
 11. (minor) Both kernels certainly overflow (exp of 5e3): the drift interval is [inf, inf]
-    (fp16) or [-inf, -inf] (bf16) (open).
+    (fp16) or [-inf, -inf] (bf16) (fixed in f2ec145: the same infinity is drift 0).
 12. A static activation scale that may overflow, on a region: the interval domain says inf, the
     linear domain (symbolic intervals) certifies the unsaturated product, and ``best`` keeps
-    it (open).
+    it (fixed in 4dff158).
 13. A softmax row holding +inf (fp16 storage or logits overflowing): NaN in every runtime,
-    certified finite (open; found by the campaign).
+    certified finite (found by the campaign; fixed in b5f3a06).
 
 Each test names the smallest input that shows it.
 """

@@ -22,7 +22,7 @@ the spec leaves open, taken adversarially:
 * ``trace``: a list that records every activation cast (format, q, s) in execution order, for
   checking a "stable cast" claim (test_stable_casts.py);
 * the spec's accumulation family (``spec.accumulation``, test_families.py): ``sequential``,
-  ``pairwise`` (``pairwise_form``: spec.py's halves or docs/kernels.md's levels), ``tile_k``,
+  ``pairwise`` (``pairwise_form``: levels, or the halves of finding 18), ``tile_k``,
   ``mma: sm90_fp8`` (arith.sm90_dot; ``mma_variant`` / ``mma_trunc``), ``split_k`` (``split``,
   ``split_sizes``, ``split_order``); block scales ``mx`` (OCP MX v1.0) and ``nv`` (NVFP4,
   ``nv_prod``), 2-D ``per_block`` weight tiles, fp4 / fp6 element formats (always saturating);
@@ -91,9 +91,9 @@ class Program:
     split: int | None = None  # one of the spec's split_k (None: the first)
     split_sizes: str = "ceil"  # "ceil" (parts of ceil(K/S), the last shorter) or "even"
     nv_prod: str = "exact"  # NVFP4's s = d S exact or rounded to fp32
-    # ``order: pairwise``: "halves" (kernels/spec.py's docstring: the first ceil(n/2) terms and
-    # the last floor(n/2), recursively) or "levels" (docs/kernels.md: (t0+t1), (t2+t3), ...)
-    pairwise_form: str = "halves"
+    # ``order: pairwise``: "levels" ((t0+t1), (t2+t3), ..., the spec since 2b6b584) or "halves"
+    # (the first ceil(n/2) terms and the last floor(n/2), recursively: its old text, finding 18)
+    pairwise_form: str = "levels"
     # the order of split-K's S partial sums (None: left to right for a pinned family, sequential
     # or pairwise, and this program's order otherwise)
     split_order: str | None = None

@@ -18,9 +18,10 @@ arith.py ``sm90_dot``, ``mx_scale``, ``Program.nv_scale``), written from public 
 Rows are chosen where each family differs most from an fp32 any-order sum: a large product
 with many products just under the tensor core's 2^(E-13) grid (all truncated away), block
 amaxes at powers of two (floor(log2 amax) jumps), fp4 elements beyond 6 (saturate), values at
-e2m1 midpoints. The program choices an open finding pins down (test_findings2.py: 18, 19) are
-left out here until their fix lands; finding 17 (sm90 bounded as fp32 any order on 48f8641) is
-fixed since 4f955d0 and these are its regression tests.
+e2m1 midpoints. The program choices an open finding pins down (test_findings2.py: 21, split-K
+parts as even as possible under a pinned order) are left out here until its fix lands; finding
+17 (sm90 bounded as fp32 any order on 48f8641, fixed in 4f955d0) and 18-20 (fixed in 2b6b584)
+have their regression tests here and in test_findings2.py.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ TOKEN = {"format": "fp8_e4m3", "scale": "dynamic_per_token"}
 
 def family_programs(sp: KernelSpec, limit: int = 0) -> list[Program]:
     """Programs over every choice the family leaves: split-K factor and part sizes, the sm90
-    variant, the order of partial sums (left to right for a pinned family: the other orders
-    are finding 19), NVFP4's scale product, the quotient; ``pairwise`` as docs/kernels.md's
-    levels (spec.py's halves: finding 18)."""
+    variant, the order of partial sums (left to right for a pinned family, as the spec says
+    since 2b6b584), NVFP4's scale product, the quotient and the rescaling (one or two roundings);
+    ``pairwise`` by levels."""
     fam = sp.accumulation
     out = []
     k = 0
@@ -68,10 +69,15 @@ def family_programs(sp: KernelSpec, limit: int = 0) -> list[Program]:
             for variant, trunc in (("with_c", "zero"), ("no_c", "zero"), ("with_c", "floor")):
                 if fam.mma is None and (variant, trunc) != ("with_c", "zero"):
                     continue
-                for order, q, nvp in (("seq", "exact", "exact"), ("tree_down", "fp32", "fp32"),
-                                      ("tree_up", "exact", "fp32"), ("rev", "fp32", "exact")):
+                for order, q, nvp, rs in (("seq", "exact", "exact", "one"),
+                                          ("tree_down", "fp32", "fp32", "two"),
+                                          ("tree_up", "exact", "fp32", "exact"),
+                                          ("rev", "fp32", "exact", "one")):
+                    if sizes == "even" and fam.mma is None and fam.order in ("sequential",
+                                                                              "pairwise"):
+                        continue  # finding 21 (open): a pinned kernel's even parts
                     out.append(Program(sp, order=order, split=S, split_sizes=sizes,
-                                       pairwise_form="levels",
+                                       pairwise_form="levels", rescale=rs,
                                        mma_variant=variant, mma_trunc=trunc, quotient=q,
                                        nv_prod=nvp, per_sample="axis0", seed=k,
                                        label=f"S={S}/{sizes}/{variant}/{trunc}/{order}/{q}/{nvp}"))

@@ -18,14 +18,16 @@ stays as a regression test). Numbering continues test_findings.py's.
     its group (E its largest exponent), 448^2 + 31 products of 15 gives 448^2, 465 below the
     exact sum, against a certified +-0.94. Fixed by 4f955d0 (the sm90 enclosure) before it was
     reported; a regression test (and test_families.py's sm90 / DeepSeek-V3 attacks).
-18. ``order: pairwise`` is defined twice: kernels/spec.py's docstring says "a balanced tree:
+18. ``order: pairwise`` was defined twice: kernels/spec.py's docstring said "a balanced tree:
     halves of ceil(n/2) and floor(n/2)", docs/kernels.md "pairs (t0+t1), (t2+t3), ..., an odd
     last term carried up". The engine evaluates a pinned schedule exactly at a point (4f955d0),
-    so a program following spec.py's definition lies outside the certified point: 629.09466 vs
-    [629.094788, 629.094788] on a 50-term fp32 row (the levels form is inside).
-19. ``split_k`` with a pinned order (sequential / pairwise): the spec says "the S partial sums
-    added in the accumulator", no order; the engine certifies left to right only, so adding
-    the S = 3 partials right to left (or in any other tree) is outside the certified point.
+    so a program following spec.py's definition lay outside the certified point: 629.09466 vs
+    [629.094788, 629.094788] on a 50-term fp32 row. Fixed in 2b6b584 by the definition (spec.py
+    now says levels); the halves form is no longer conforming, the levels form is tested.
+19. ``split_k`` with a pinned order (sequential / pairwise): the spec said "the S partial sums
+    added in the accumulator", no order; the engine certified left to right only, so adding the
+    S = 3 partials right to left was outside the certified point. Fixed in 2b6b584 by the
+    definition (left to right in a pinned kernel); the left-to-right control stays.
 20. A pinned order (``order: sequential``) with scales that are not powers of two (fp8-deploy's
     dynamic per-tensor activations, per-channel weights, fp32 compute): the spec lets the
     program rescale the sum with two roundings ("then rescales and rounds the result to
@@ -33,7 +35,8 @@ stays as a regression test). Numbering continues test_findings.py's.
     rescaling, one rounding of acc s_a s_b: fl32(acc * fl32(s_a s_b)) (cuBLASLt's alpha =
     scale_a scale_b, the usual FP8 GEMM epilogue) and fl32(fl32(acc * s_a) * s_b) both lie one
     fp32 ulp outside it (-16.0414886 vs [-16.04148674, -16.04148674]); every dynamic activation
-    scale (per tensor, per token) with per-channel or per-tensor weights.
+    scale (per tensor, per token) with per-channel or per-tensor weights. Fixed in 2b6b584 (the
+    point widened by a compute-format spacing each side where scales apply): regression test.
 21. ``split_k`` part sizes: the spec says "K in S contiguous parts", not which; with a pinned
     order the engine certifies parts of ceil(K / S) (the last shorter) only, and a program that
     splits as evenly as possible (K = 50, S = 4: 13, 13, 12, 12; numpy.array_split,
@@ -192,25 +195,16 @@ def _pinned_attack(model, sp, feeds, prog: Program) -> list[str]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="finding 18: pairwise as spec.py's halves is not covered")
-def test_18_pairwise_as_the_spec_defines_it() -> None:
+def test_18_pairwise_by_levels() -> None:
+    """The spec's pairwise (by levels since 2b6b584) at a pinned point: inside."""
     model, sp, feeds = _pinned_row_case("pairwise", [1])
-    found = _pinned_attack(model, sp, feeds, Program(sp, pairwise_form="halves",
-                                                     per_sample="axis0"))
-    assert not found, found[0]
-
-
-@pytest.mark.xfail(strict=True, reason="finding 19: split-K partials in another order")
-def test_19_split_k_partials_in_any_order() -> None:
-    model, sp, feeds = _pinned_row_case("pairwise", [1, 3])
-    found = _pinned_attack(model, sp, feeds, Program(sp, pairwise_form="levels", split=3,
-                                                     split_order="rev", per_sample="axis0"))
-    assert not found, found[0]
+    assert not _pinned_attack(model, sp, feeds, Program(sp, pairwise_form="levels",
+                                                        per_sample="axis0"))
 
 
 def test_18_19_controls() -> None:
-    """The same rows with docs/kernels.md's pairwise levels and the partials left to right are
-    inside (so 18 and 19 fail for the stated choice alone)."""
+    """The same rows with pairwise by levels and split-K partials left to right (the spec's
+    definitions since 2b6b584) are inside, for every split."""
     model, sp, feeds = _pinned_row_case("pairwise", [1, 3])
     for S in (1, 3):
         assert not _pinned_attack(model, sp, feeds, Program(sp, pairwise_form="levels", split=S,
@@ -234,7 +228,6 @@ def test_20_control_the_certified_rescaling() -> None:
     assert not _pinned_attack(model, sp, feeds, Program(sp, rescale="exact", per_sample="axis0"))
 
 
-@pytest.mark.xfail(strict=True, reason="finding 20: a pinned order certifies one rescaling")
 @pytest.mark.parametrize("rescale", ["one", "two"])
 def test_20_pinned_order_any_two_rounding_rescale(rescale: str) -> None:
     model, sp, feeds = _rescale_case()

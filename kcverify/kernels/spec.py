@@ -153,7 +153,9 @@ class Accumulation:
     to 13 fractional bits, summed and rounded toward zero to 13 fraction bits), promoted every
     ``promote`` products (None: never) into the fp32 accumulator, the promoted partial sums
     combined in any order. ``split_k``: the finite set of split-K factors a kernel may use (K in
-    S contiguous parts, each accumulated alone, the S partial sums added in the accumulator:
+    S contiguous parts of ceil(K / S) products, for an mma rounded up to a multiple of 32, the
+    last part shorter - CUTLASS's and cuBLAS's split; an even split such as numpy.array_split's
+    is another kernel - each accumulated alone, the S partial sums added in the accumulator:
     left to right in a pinned kernel, in any order otherwise); a certificate covers each. A
     pinned kernel's + - * / are correctly rounded to nearest; its MatMul rescale s_a s_b acc
     may take one or two roundings."""

@@ -268,3 +268,50 @@ def test_nvfp4() -> None:
     model = node_model("MatMul", [("x", x.shape), ("w", w)])
     found = _attack("families/nvfp4", model, sp, {"x": x.astype(np.float32)})
     assert not found, "\n".join(found[:3])
+
+
+def sm90_mixed_rows(rng: np.random.Generator, R: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of e4m3 operands (scales pinned to 1) built to hurt the tensor core: products of 15
+    just under the grid of a few 448^2 products at random positions (signs random); a half of
+    448 * {416, 448} products then their negatives (the accumulator grows, then cancels, small
+    terms lost in the big binade on the way); 1.125 2^j products across 8 binades (each group's
+    alignment drops the low bits of the smaller ones); random products."""
+    grid = np.array(sorted({m * 2.0**-9 for m in range(1, 8)}
+                           | {m * 2.0 ** (e - 3) for m in range(8, 16) for e in range(-6, 9)
+                              if m * 2.0 ** (e - 3) <= 448}))
+    x = np.zeros((R, K + 2))
+    w = np.zeros((K + 2, R))
+    for r in range(R):
+        kind = r % 4
+        a = rng.choice(grid, size=K) * rng.choice([-1.0, 1.0], size=K)
+        b = rng.choice(grid[grid <= 4], size=K)
+        if kind == 0:
+            a[:] = 15.0 * rng.choice([-1.0, 1.0], size=K)
+            b[:] = 1.0
+            pos = rng.integers(0, K, size=3)
+            a[pos] = 448.0 * rng.choice([-1.0, 1.0], size=3)
+            b[pos] = 448.0
+        elif kind == 1:
+            a[: K // 2], a[K // 2:] = 448.0, -448.0
+            b[:] = rng.choice([416.0, 448.0], size=K)
+            a[::7] = rng.choice(grid[grid < 1], size=len(a[::7]))
+            b[::7] = 1.0
+        elif kind == 2:
+            a[:] = 1.125 * 2.0 ** rng.integers(-4, 4, size=K)
+            b[:] = 1.0
+        x[r, :K], w[:K, r] = a, b
+    x[:, K] = 448.0
+    w[K + 1, :] = 448.0
+    return x.astype(np.float32), w.astype(np.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("promote,K", [(128, 64), (64, 130)])
+def test_sm90_mixed_rows(promote, K: int) -> None:
+    """The sm90 enclosure (with split_k [1, 2]) on rows built to hurt the tensor core."""
+    sp = fam_spec({"format": "fp32", "mma": "sm90_fp8", "promote": promote, "split_k": [1, 2]},
+                  E4M3_PC, TOKEN)
+    x, w = sm90_mixed_rows(np.random.default_rng([K, promote or 0]), 16, K)
+    model = node_model("MatMul", [("x", x.shape), ("w", w)])
+    found = _attack("families/sm90-mixed", model, sp, {"x": x}, domains=("interval",), limit=8)
+    assert not found, "\n".join(found[:3])

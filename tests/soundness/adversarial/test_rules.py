@@ -27,7 +27,18 @@ def test_every_registered_rule_is_attacked() -> None:
     movement = {"Concat", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Slice", "Split",
                 "Squeeze", "Transpose", "Unsqueeze", "Where", "Dropout", "Trilu", "CastLike",
                 "Max", "Min"}
-    missing = ops - covered - movement
+    # rules whose semantics a single-node case of this interpreter cannot express yet; each is
+    # attacked elsewhere, named here so that the gate still catches a new rule nobody attacks
+    elsewhere = {
+        # the joint graph (training identity, inference executed exactly): onnxruntime and the
+        # realizer on QDQ graphs at midpoints and saturation, tests/soundness/test_qdq.py
+        "QuantizeLinear": "tests/soundness/test_qdq.py",
+        "DequantizeLinear": "tests/soundness/test_qdq.py",
+        # sampled conforming programs (kernels.realize) and onnxruntime, strides / pads /
+        # dilations, tests/bounds/test_conv.py; this interpreter has no Conv yet
+        "Conv": "tests/bounds/test_conv.py",
+    }
+    missing = ops - covered - movement - set(elsewhere)
     assert not missing, f"rules with no adversarial case: {sorted(missing)}"
 
 

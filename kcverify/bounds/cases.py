@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,7 +184,7 @@ def force_q(site: Site, q_lo: torch.Tensor, q_hi: torch.Tensor, next_up: Any,
 
 def next_up(q: torch.Tensor, fmt: Any) -> torch.Tensor:
     """The next value of the float format ``fmt`` above q (q a value of the format)."""
-    emin = int(round(torch.log2(torch.tensor(fmt.min_normal, dtype=torch.float64)).item()))
+    emin = int(round(math.log2(fmt.min_normal)))
     a = q.abs()
     m, E = torch.frexp(a)
     e = E.to(torch.float64) - 1

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from kcverify.bounds.box import Box, Concrete, mag, mig, pad_hi, pad_lo
+from kcverify.bounds.cases import next_up
 from kcverify.bounds.registry import RuleCtx
 from kcverify.kernels.spec import KernelSpec
 
@@ -809,19 +810,6 @@ def _relu(zt, ctx, states, boxes, results):
 
 
 # --- matmul -------------------------------------------------------------------------------------
-def _next_up(q: torch.Tensor, fmt: Any) -> torch.Tensor:
-    """The next representable value above q (q representable in the float format ``fmt``)."""
-    emin = int(round(math.log2(fmt.min_normal)))
-    a = q.abs()
-    m, E = torch.frexp(a)
-    e = E.to(F64) - 1
-    up = torch.exp2(torch.clamp(e, min=emin) - fmt.mantissa_bits)
-    up = torch.where(a == 0, torch.full_like(up, 2.0 ** (emin - fmt.mantissa_bits)), up)
-    eb = torch.where(m == 0.5, e - 1, e)
-    down = torch.exp2(torch.clamp(eb, min=emin) - fmt.mantissa_bits)
-    return torch.where(q >= 0, q + up, q + down)
-
-
 def _cast_plan(ctx: RuleCtx, spec: KernelSpec, cs: Any, lo: torch.Tensor, hi: torch.Tensor,
                side: str, sample_axis: Any):
     """For a round-to-nearest float cast with no / static / dynamic per-tensor or per-token
@@ -971,7 +959,7 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
         s_lo, s_hi, q_of = plan
         q_lo, q_hi = q_of(lo, hi)
         single = q_lo == q_hi
-        adj = ~single & (q_hi == _next_up(q_lo, cs.format))
+        adj = ~single & (q_hi == next_up(q_lo, cs.format))
         c2, g2, n2 = _scaled(s_lo, s_hi, q_lo, q_hi, deq)
         ok2 = (single | adj) & torch.isfinite(c2)
         noise[2] = torch.where(ok2, n2, inf)

@@ -15,7 +15,7 @@ the inputs' symbols, so the residual y - c_out - G_out eps must be at most r_out
    float64-error term (e.g. cancellation of large centres) shows up as a failure.
 2. Casts: single- and two-node MatMul graphs through certify_drift(domain="linear") with fp8
    e4m3 activation casts (dynamic per tensor, per token), point inputs and small boxes, checked
-   against conforming realizations; and ``_next_up`` against ml_dtypes for every finite code.
+   against conforming realizations; and ``next_up`` (bounds/cases.py) against ml_dtypes for every finite code.
 3. A LayerNorm-MatMul-Gelu-MatMul-residual-Softmax block run by the engine with a ZonoTrack:
    the output forms *given the input symbols* (fixed by the realized input) must contain every
    realized output and drift: a check of the generators themselves, not only of their box
@@ -38,6 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from kcverify.bounds import Region, certify_drift
 from kcverify.bounds.box import Box, Concrete
+from kcverify.bounds.cases import next_up as _next_up
 from kcverify.bounds.rules.activation import gelu_df, gelu_drange, gelu_f
 from kcverify.bounds.rules.elementwise import _erf_d, _exp_d, _tanh_d
 from kcverify.bounds.zonotope import (
@@ -46,7 +47,6 @@ from kcverify.bounds.zonotope import (
     ZonoTrack,
     ZState,
     _inv_drange,
-    _next_up,
     _rsqrt_drange,
     align,
     const_form,

@@ -198,7 +198,6 @@ def _operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch.Tens
     return lo, hi, zero, zero
 
 
-_GRID_SCALES = ("none", "static", "dynamic_per_tensor", "dynamic_per_token")
 _GRID_WEIGHT_SCALES = ("none", "static", "per_tensor", "per_channel")
 
 
@@ -230,15 +229,10 @@ def _grid_operand(ctx: RuleCtx, spec: KernelSpec, x, lo: torch.Tensor, hi: torch
         if not torch.equal(q * sc, c):
             return None
         return cs.format, q, q, sc, sc
-    if cs.scale not in _GRID_SCALES:
+    enc = cases.cast_enclosure(lo, hi, cs, side, sample_axis, ctx.batch)
+    if enc is None:
         return None
-    s_lo, s_hi = activation_scale_bounds(lo, hi, cs, side, sample_axis, ctx.batch)
-    t_lo, t_hi = imul(lo, hi, 1.0 / s_hi, 1.0 / s_lo)
-    t_lo, t_hi = pad_lo(t_lo, SCALE_SLACK), pad_hi(t_hi, SCALE_SLACK)
-    if cs.scale.startswith("dynamic"):
-        lim = cs.format.max_finite * (1 + 2 * SCALE_SLACK)
-        t_lo, t_hi = t_lo.clamp(-lim, lim), t_hi.clamp(-lim, lim)
-    q_lo, q_hi = rne(t_lo, cs.format), rne(t_hi, cs.format)
+    q_lo, q_hi, s_lo, s_hi = enc
     if cases.active():  # proof by cases (bounds/cases.py): the decided elements are forced
         q_lo, q_hi, _ = cases.force_q((ctx.node.name, side, spec.name), q_lo, q_hi,
                                       lambda q: cases.next_up(q, cs.format), sample_axis,

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -27,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 from kcverify.bounds import certify_drift  # noqa: E402
 from kcverify.kernels.realize import run_kernel  # noqa: E402
 from kcverify.kernels.spec import parse_kernel_spec  # noqa: E402
-from kcverify.models.ir import from_onnx, load_onnx  # noqa: E402
+from kcverify.models.ir import load_onnx  # noqa: E402
+from tests.helpers import matmul_model  # noqa: E402
 
 SEQ = {"format": "fp32", "order": "sequential"}
 CASTS = {"weights": {"format": "fp8_e4m3", "scale": "per_channel"},
@@ -49,21 +49,11 @@ def pinned() -> None:
           f"min {r.min():.6f} median {np.median(r):.6f} max {r.max():.6f}")
 
 
-def _model(w: np.ndarray):
-    k, n = w.shape
-    g = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])], "mm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
-        [numpy_helper.from_array(w.astype(np.float32), "W")])
-    return from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
-
-
 def hopper(k: int) -> None:
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((k, 64)) * 0.05).astype(np.float32)
     x = (rng.standard_normal((1, k)) * np.exp(rng.uniform(-3, 1, size=(1, k)))).astype(np.float32)
-    g = _model(w)
+    g = matmul_model(w)
     fp32 = parse_kernel_spec("train", {"compute": "fp32", "accumulate": "fp32"})
     specs = {
         "fp32 any order": parse_kernel_spec("inf", {"compute": "fp32", "accumulate": "fp32", **CASTS}),

@@ -20,6 +20,7 @@ from kcverify.bounds import certify_drift
 from kcverify.bounds import diagnostics as _diag  # noqa: F401 - the run counts unstable casts
 from kcverify.kernels.spec import parse_kernel_spec
 from kcverify.models.ir import from_onnx
+from tests.helpers import matmul_model
 
 FP32 = parse_kernel_spec("train", {"compute": "fp32", "accumulate": "fp32"})
 INF = parse_kernel_spec("inf", {"weights": {"format": "fp8_e4m3", "scale": "per_channel"},
@@ -28,16 +29,6 @@ INF = parse_kernel_spec("inf", {"weights": {"format": "fp8_e4m3", "scale": "per_
 E4M3 = ml_dtypes.float8_e4m3fn
 _CODES = np.arange(256, dtype=np.uint8).view(E4M3).astype(np.float64)
 GRID = np.unique(_CODES[np.isfinite(_CODES)])  # every e4m3 value, ascending
-
-
-def _model(w: np.ndarray):
-    k, n = w.shape
-    g = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])], "mm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
-        [numpy_helper.from_array(w.astype(np.float32), "W")])
-    return from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
 
 
 def _f32(x: float) -> float:
@@ -86,7 +77,7 @@ def test_grid_rows_on_both_sides_of_the_exactness_limit(fine: int) -> None:
     x = rng.normal(size=(1, k))
     # a few fine terms: activations tiny next to the row's amax push products below the grid
     x[0, :fine] *= 2.0 ** -12
-    res = certify_drift(_model(w), FP32, INF, {"x": x.astype(np.float32)}, domain="interval")
+    res = certify_drift(matmul_model(w), FP32, INF, {"x": x.astype(np.float32)}, domain="interval")
     box = res.outputs["y"]
     ys = _programs(x[0].astype(np.float32).astype(np.float64), w.astype(np.float32).astype(np.float64), rng)
     lo, hi = box.inf_lo[0], box.inf_hi[0]
@@ -108,10 +99,10 @@ def test_unstable_casts_are_counted_at_an_fp8_midpoint() -> None:
     x = np.zeros((1, k))
     x[0, 0] = 448.0
     x[0, 1] = 8.5
-    res = certify_drift(_model(w), FP32, INF, {"x": x.astype(np.float32)}, domain="interval")
+    res = certify_drift(matmul_model(w), FP32, INF, {"x": x.astype(np.float32)}, domain="interval")
     assert int(res.unstable_casts[0]) >= 1
     x[0, 1] = 8.25  # strictly between midpoints: stable
-    res = certify_drift(_model(w), FP32, INF, {"x": x.astype(np.float32)}, domain="interval")
+    res = certify_drift(matmul_model(w), FP32, INF, {"x": x.astype(np.float32)}, domain="interval")
     assert int(res.unstable_casts[0]) == 0
 
 
@@ -121,7 +112,7 @@ def test_cancellation_row_pays_for_its_fine_terms() -> None:
     is 2^-9 (times the scales). The enclosure must contain both; with E = 0 it would not."""
     w = np.array([[1.0], [1.0], [2.0 ** -15 / 7]])
     x = np.array([[448.0, -448.0, 1.0]])
-    res = certify_drift(_model(w), FP32, INF, {"x": x.astype(np.float32)}, domain="interval")
+    res = certify_drift(matmul_model(w), FP32, INF, {"x": x.astype(np.float32)}, domain="interval")
     box = res.outputs["y"]
     sw = _f32(1.0 / 448.0)
     exact = 2.0 ** -9 * sw

@@ -21,13 +21,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from onnx import TensorProto, helper, numpy_helper
 
 from kcverify.bounds import certify_drift
 from kcverify.kernels.realize import Realization, run_kernel
 from kcverify.kernels.scale import quantize_weight
 from kcverify.kernels.spec import parse_kernel_spec
-from kcverify.models.ir import from_onnx
+from tests.helpers import matmul_model
 
 E4M3 = ml_dtypes.float8_e4m3fn
 FP32 = parse_kernel_spec("train", {"compute": "fp32", "accumulate": "fp32"})
@@ -37,16 +36,6 @@ SM90 = parse_kernel_spec("inf", {"compute": "fp32", **CASTS,
                                  "accumulate": {"mma": "sm90_fp8", "promote": 128},
                                  "split_k": [1, 2, 4]})
 ANY = parse_kernel_spec("inf", {"compute": "fp32", **CASTS, "accumulate": "fp32"})
-
-
-def _model(w: np.ndarray):
-    k, n = w.shape
-    g = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])], "mm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
-        [numpy_helper.from_array(w.astype(np.float32), "W")])
-    return from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
 
 
 def _rn32(v: Fraction) -> Fraction:
@@ -140,7 +129,7 @@ def _data(seed: int, k: int = 320, n: int = 6):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sm90_realization_is_the_hardware_model(seed: int) -> None:
     x, w = _data(seed)
-    g = _model(w)
+    g = matmul_model(w)
     want = _programs(x[0].astype(np.float64), w.astype(np.float64), (1, 2, 4), reverse=False)
     for split in (1, 2, 4):
         got = run_kernel(g, SM90, {"x": x}, order="sequential", split=split)["y"][0].numpy()
@@ -150,7 +139,7 @@ def test_sm90_realization_is_the_hardware_model(seed: int) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_sm90_programs_lie_in_the_sm90_bound_and_not_in_the_fp32_one(seed: int) -> None:
     x, w = _data(seed)
-    g = _model(w)
+    g = matmul_model(w)
     res = certify_drift(g, FP32, SM90, {"x": x}, domain="interval")
     any_res = certify_drift(g, FP32, ANY, {"x": x}, domain="interval")
     lo, hi = res.outputs["y"].inf_lo[0], res.outputs["y"].inf_hi[0]
@@ -248,7 +237,7 @@ def test_block_scaled_realizations_lie_in_the_bounds(weights: dict, acts: dict |
     if acts is not None:
         raw["activations"] = acts
     spec = parse_kernel_spec("inf", raw)
-    g = _model(w)
+    g = matmul_model(w)
     res = certify_drift(g, FP32, spec, {"x": x}, domain="interval")
     box = res.outputs["y"]
     assert np.all(np.isfinite(res.linf))

@@ -122,9 +122,25 @@ class Form:
         return Form(self.c, self.G[keep], pad_hi(self.r + extra) + TINY, self.ids[keep.to(self.ids.device)])
 
 
-def _l1(G: torch.Tensor) -> torch.Tensor:
-    """sum_s |G[s]| (one fused pass, no temporary)."""
-    return torch.linalg.vector_norm(G, 1, dim=0)
+L1_CHUNK = 2**16  # entries per chunk of the symbol-axis sums (small temporaries: see _l1)
+
+
+def _l1(G: torch.Tensor, H: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_s |G[s]| (or sum_s |G[s] - H[s]|), summed over the symbol axis in chunks. A pass
+    over the whole form at once allocates a temporary as large as the form, and a fresh large
+    allocation costs more (page faults) than the arithmetic; vector_norm along axis 0 is slower
+    still. Every chunk order is one order of summing k non-negative terms: the callers' factor
+    (1 + (k + 2) 2^-53) covers it."""
+    k = int(G.shape[0])
+    shape = torch.broadcast_shapes(G.shape[1:], H.shape[1:]) if H is not None else G.shape[1:]
+    acc = torch.zeros(shape, dtype=G.dtype, device=G.device)
+    if k == 0:
+        return acc
+    step = max(1, L1_CHUNK // max(1, acc.numel()))
+    for s in range(0, k, step):
+        part = G[s:s + step] if H is None else G[s:s + step] - H[s:s + step]
+        acc += part.abs().sum(0)
+    return acc
 
 
 def combine(a: Form, b: Form, sign: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,11 +205,15 @@ class ZState:
 
     def drift_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.i.c - self.t.c
-        gd, u = combine(self.i, self.t, -1.0)
-        k = u.numel()
-        if k:
-            g = _l1(gd) * (1 + (k + 2) * U64)
+        if self.i.ids is self.t.ids or (self.i.k == self.t.k
+                                        and bool(torch.equal(self.i.ids, self.t.ids))):
+            k = self.i.k  # the same symbols: no union to build
+            g = _l1(self.i.G, self.t.G) * (1 + (k + 2) * U64)
         else:
+            gd, u = combine(self.i, self.t, -1.0)
+            k = u.numel()
+            g = _l1(gd) * (1 + (k + 2) * U64)
+        if k == 0:
             g = torch.zeros_like(c)
         fin = torch.isfinite(self.t.c) & torch.isfinite(self.i.c)
         both = (self.t.c == self.i.c) & ~fin  # the same infinity: no drift
@@ -909,6 +929,90 @@ def _scale_branches(ctx: RuleCtx, spec: KernelSpec, cs: Any, f: Form, lo: torch.
     return centre, torch.where(ok, noise, torch.full_like(noise, float("inf"))), G
 
 
+def _normalized_cast(spec: KernelSpec, cs: Any, f: Form, lo: torch.Tensor, hi: torch.Tensor,
+                     sample_axis: Any, batch: int | None, deq: float
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A dynamic per-tensor cast relative to its own amax element (issue 12).
+
+    s = fl32(amax / M) (M = max_finite), and everything upstream of a dynamic cast carries the
+    upstream scales as a common factor: the value intervals of x and of s then share one
+    relative uncertainty, which an interval quotient x / [s_lo, s_hi] counts twice, making
+    casts unstable that no program can round apart. When one element y = |x_j| of a sample's
+    group is certainly its amax (its least magnitude exceeds every other element's greatest)
+    and at least the floor, x_e / s = M x_e / y / (1 + theta), |theta| <= 2^-24, and the ratio is
+    linearised on the forms: M x_e / y = M (c_e / c_y + dx_e / c_y - c_e dy / c_y^2) + R with
+    |R| <= M (|dx_e| |dy| / (|c_y| y_min) + |c_e| |dy|^2 / (c_y^2 y_min)) (exact remainder of the
+    first-order expansion, y in [y_min, .] > 0). Where the quotient's enclosure (also padded by
+    the program's own quotient rounding, SCALE_SLACK) rounds to one value q, the cast value is
+    q s = (q / M) y (1 + theta): an affine function of y's form, correlated with it, with the
+    relative noise of theta and the dequantisation. Returns (centre, noise (inf where the cast
+    is not certainly one value), G) or None."""
+    from kcverify.bounds.casts import SCALE_SLACK, rne
+
+    if cs.scale != "dynamic_per_tensor" or spec.rounding != "nearest" or cs.format.kind != "float":
+        return None
+    shape = f.shape
+    if not shape or f.k == 0:
+        return None
+    if isinstance(sample_axis, int) and not isinstance(sample_axis, bool) and len(shape) > 1:
+        ax = sample_axis % len(shape)
+    elif batch in (None, 1):
+        ax = None
+    else:
+        return None
+
+    def rows(t: torch.Tensor, lead: int = 0) -> torch.Tensor:  # (lead..., B, N)
+        if ax is None:
+            return t.reshape(*t.shape[:lead], 1, -1)
+        return t.movedim(lead + ax, lead).reshape(*t.shape[:lead], t.shape[lead + ax], -1)
+
+    def back(t: torch.Tensor, lead: int = 0) -> torch.Tensor:
+        if ax is None:
+            return t.reshape(*t.shape[:lead], *shape)
+        moved = [shape[ax]] + [d for i, d in enumerate(shape) if i != ax]
+        return t.reshape(*t.shape[:lead], *moved).movedim(lead, lead + ax)
+
+    M = float(cs.format.max_finite)
+    L, H, C, R = rows(lo), rows(hi), rows(f.c), rows(f.r)
+    Gr = rows(f.G, 1)
+    least, most = mig(L, H), mag(L, H)
+    j = least.argmax(-1, keepdim=True)
+    y_min = torch.gather(least, -1, j)
+    others = most.scatter(-1, j, torch.full_like(y_min, -1.0)).amax(-1, keepdim=True)
+    sign = torch.where(torch.gather(L, -1, j) > 0, 1.0, -1.0).to(F64)
+    ok = (y_min > others) & (y_min >= cs.floor) & ((torch.gather(L, -1, j) > 0) | (torch.gather(H, -1, j) < 0))
+    if not bool(ok.any()):
+        return None
+    c_y = sign * torch.gather(C, -1, j)
+    G_y = sign.unsqueeze(0) * torch.gather(Gr, -1, j.unsqueeze(0).expand(Gr.shape[0], *j.shape))
+    r_y = torch.gather(R, -1, j)
+    gs = rows(f.gsum())
+    dx = pad_hi(gs + R)
+    dy = torch.gather(dx, -1, j)
+    cy = torch.where(ok, c_y, torch.ones_like(c_y))
+    ymin = torch.where(ok, y_min, torch.ones_like(y_min))
+    t_c = M * C / cy
+    t_G = M * (Gr / cy.unsqueeze(0) - (C / cy ** 2).unsqueeze(0) * G_y)
+    rem = M * (dx * dy / (cy.abs() * ymin) + C.abs() * dy ** 2 / (cy ** 2 * ymin))
+    t_r = M * (R / cy.abs() + C.abs() * r_y / cy ** 2) + rem
+    t_rad = pad_hi(_l1(t_G) * (1 + (Gr.shape[0] + 2) * U64) + t_r) * (1 + 1e-9)
+    t_lo, t_hi = t_c - t_rad, t_c + t_rad
+    slack = 2 * SCALE_SLACK + 2.0**-23
+    t_lo = torch.where(t_lo > 0, t_lo * (1 - slack), t_lo * (1 + slack))
+    t_hi = torch.where(t_hi > 0, t_hi * (1 + slack), t_hi * (1 - slack))
+    lim = M * (1 + 2 * SCALE_SLACK)
+    q_lo, q_hi = rne(t_lo.clamp(-lim, lim), cs.format), rne(t_hi.clamp(-lim, lim), cs.format)
+    good = ok & (q_lo == q_hi) & torch.isfinite(q_lo) & torch.isfinite(t_c)
+    a = q_lo / M
+    centre = a * c_y
+    G = a.unsqueeze(0) * G_y
+    ymax = c_y.abs() + pad_hi(torch.gather(gs, -1, j) + r_y)
+    noise = a.abs() * (r_y + ymax * (2.0**-24 + 2 * deq + 2.0**-50)) * (1 + 1e-9)
+    noise = pad_hi(noise + 4 * U64 * centre.abs()) + TINY
+    inf = torch.full_like(noise, float("inf"))
+    return back(centre), back(torch.where(good, noise, inf)), back(G, 1)
+
+
 def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Box | None,
                   k: int, weight: bool, side: str, out_axis: int, k_axis: int,
                   sample_axis: Any = None
@@ -949,7 +1053,7 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
     inf = torch.full_like(lo, float("inf"))
     # options: 0 = x + e, 1 = image box, 2 = point / binary image, 3 = branches of a binary
     # symbol, 4 = branches of the binary symbol the scale's amax depends on (_scale_branches)
-    noise = [e_hw, i_hw, inf, inf, inf]
+    noise = [e_hw, i_hw, inf, inf, inf, inf]
     cs = spec.weights if weight else spec.activations
     plan = (_cast_plan(ctx, spec, cs, lo, hi, side, sample_axis)
             if cs is not None and not weight else None)
@@ -981,6 +1085,10 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
             if sb is not None:
                 c4, n4, G_scale = sb
                 noise[4] = n4
+    nc = (_normalized_cast(spec, cs, f, lo, hi, sample_axis, ctx.batch, deq)
+          if cs is not None and not weight and f.k else None)
+    if nc is not None:
+        c5, noise[5], G5 = nc
     best = torch.stack(noise).argmin(0)
     c = torch.where(best == 0, f.c + e_mid, i_mid)
     r = torch.where(best == 0, pad_hi(f.r + e_hw + 2 * U64 * (f.c.abs() + e_mid.abs())) + TINY, i_hw)
@@ -996,6 +1104,10 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
                 c = torch.where(best == 4, c4, c)
                 r = torch.where(best == 4, noise[4], r)
                 G = torch.where(best == 4, G_scale, G)
+    if nc is not None and bool((best == 5).any()):
+        c = torch.where(best == 5, c5, c)
+        r = torch.where(best == 5, noise[5], r)
+        G = torch.where(best == 5, G5, G)
     out = f.like(c, G, r)
     if plan is not None:
         new = (best == 2) & adj

@@ -11,6 +11,7 @@ from kcverify.bounds import Region, blocks_of, certify_drift
 from kcverify.certs.rules import RuleContext, get_rule, implies
 from kcverify.kernels.cast import round_to_format
 from kcverify.kernels.formats import get_format
+from kcverify.kernels.realize import run_kernel
 from kcverify.models.ir import load_onnx
 from kcverify.smt import NotEncodable, decide_drift, max_drift, realized_drift, smt_decide_block
 from kcverify.smt.exact import fr, round_rational
@@ -49,18 +50,37 @@ def test_exact_max_between_realizations_and_certified_bound(seed: int) -> None:
 
 
 def test_region_max_between_sampled_realizations_and_certified_bound() -> None:
+    """On a box: sampled realizations <= z3's maximum <= the interval domain's bound, and
+    sampled realizations <= the best bound.
+
+    z3's encoding relaxes each activation cast to a bounded error with the dynamic scale ranging
+    over an interval, independently per cast (encode.py's module doc): its maximum is over a
+    superset of the conforming programs. The interval domain makes the same relaxation, so its
+    bound lies above z3's maximum; ``best`` may lie below it (the zonotope's cast relative to its
+    amax element shares the scale between elements, which no independent-error encoding does):
+    here z3 reaches 0.0376 with a witness whose exact replay drifts 0.0029, and ``best``
+    certifies 0.0296. So ``best`` is checked against what programs realize, densely."""
     g = random_mlp((3, 6, 2), seed=7)
     x = np.random.default_rng(7).uniform(-1, 1, (1, 3)).astype(np.float32)
     eps = 0.01
-    engine = float(certify_drift(g, TRAIN, INF, x, region=Region(eps=eps)).linf[0])
+    interval = float(certify_drift(g, TRAIN, INF, x, region=Region(eps=eps),
+                                   domain="interval").linf[0])
+    best = float(certify_drift(g, TRAIN, INF, x, region=Region(eps=eps)).linf[0])
     m = max_drift(g, TRAIN, INF, x, eps=eps, timeout_s=20)
-    assert m.exact and m.value <= fr(engine)
+    assert m.exact and m.value <= fr(interval)
     rng = np.random.default_rng(0)
     pts = [x[0] + eps * s for s in (rng.choice([-1.0, 1.0], 3) for _ in range(4))]
     seen = max(realized_drift(g, TRAIN, INF, p.astype(np.float32), programs=2) for p in pts)
     assert seen <= m.value
     # the exact maximum sits strictly inside: SMT is sharper than the interval domain here
-    assert m.value < fr(engine)
+    assert m.value < fr(interval)
+    # best against programs: the box's corners and a dense sample, two summation orders
+    pts = np.concatenate([x + eps * rng.uniform(-1, 1, (20000, 3)),
+                          x + eps * rng.choice([-1.0, 1.0], (2000, 3))]).astype(np.float32)
+    for order in ("sequential", "pairwise"):
+        t = run_kernel(g, TRAIN, {"x": pts}, order=order)["y"]
+        i = run_kernel(g, INF, {"x": pts}, order=order)["y"]
+        assert float((i - t).abs().max()) <= best
 
 
 def test_shipped_model_clause_proved_by_smt_not_by_intervals() -> None:

@@ -84,6 +84,24 @@ def _op_classes(prog: Program, const: set[str]) -> list[type]:
             y = prog.add(y, cc)
         return (y,)
 
+    def conv(self, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+             pads=None, strides=None, **_kw):
+        if int(group) != 1:
+            raise NotImplementedError("Conv group != 1")
+        x, w = _f64(x), _f64(w)
+        nd = w.ndim - 2
+        ks = list(kernel_shape or w.shape[2:])
+        st = list(strides or [1] * nd)
+        dl = list(dilations or [1] * nd)
+        pb, pe = conv_pads(x.shape[2:], ks, st, dl, pads, auto_pad)
+        if nd == 1:  # run as H = 1
+            x, w = x[:, :, None, :], w[:, :, None, :]
+            st, dl, pb, pe = [1, *st], [1, *dl], [0, *pb], [0, *pe]
+        y = prog.conv(x, w, None if b is None else _f64(b), (st[0], st[1]),
+                      (pb[0], pb[1], pe[0], pe[1]), (dl[0], dl[1]), is_const(self, 0),
+                      is_const(self, 1))
+        return (y[:, :, 0, :] if nd == 1 else y,)
+
     def softmax(self, x, axis=-1, **_kw):
         return (prog.softmax(_f64(x), axis),)
 
@@ -115,11 +133,32 @@ def _op_classes(prog: Program, const: set[str]) -> list[type]:
         "Add": binary("add"), "Sub": binary("sub"), "Mul": binary("mul"), "Div": binary("div"),
         "Sqrt": sqrt, "Pow": pow_, "MatMul": matmul, "Gemm": gemm, "Softmax": softmax,
         "LayerNormalization": layernorm, "ReduceSum": reduce(False), "ReduceMean": reduce(True),
-        "Gelu": gelu,
+        "Gelu": gelu, "Conv": conv,
     }
     for op, name in _UNARY.items():
         table[op] = unary(name)
     return [type(op, (OpRun,), {"op_domain": "", "_run": fn}) for op, fn in table.items()]
+
+
+def conv_pads(spatial, kernel, strides, dilations, pads, auto_pad) -> tuple[list, list]:
+    """(begin, end) pads per spatial axis, from the ONNX operator text (Conv, auto_pad): SAME_*
+    gives out = ceil(in / stride) and the total (out - 1) stride + (k - 1) d + 1 - in split in
+    halves, the odd one at the end (UPPER) or the beginning (LOWER)."""
+    nd = len(spatial)
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    if auto_pad in ("NOTSET", ""):
+        p = [int(v) for v in (pads if pads is not None else [0] * 2 * nd)]
+        return p[:nd], p[nd:]
+    if auto_pad == "VALID":
+        return [0] * nd, [0] * nd
+    begin, end = [], []
+    for size, k, s, d in zip(spatial, kernel, strides, dilations):
+        out = -(-int(size) // int(s))
+        total = max(0, (out - 1) * s + (k - 1) * d + 1 - int(size))
+        small = total // 2
+        begin.append(small if auto_pad == "SAME_UPPER" else total - small)
+        end.append(total - begin[-1])
+    return begin, end
 
 
 def _int_binary(name: str, a, b) -> np.ndarray:

@@ -97,6 +97,8 @@ class Program:
     # the order of split-K's S partial sums (None: left to right for a pinned family, sequential
     # or pairwise, and this program's order otherwise)
     split_order: str | None = None
+    # a Conv's bias: added as the graph stores it, or first stored in the compute format
+    bias: str = "exact"
 
     @property
     def C(self) -> Fmt:
@@ -324,6 +326,42 @@ class Program:
         y = self._dot(qa, sa, ba, qb, sb, bb, cast)
         for d in sq:
             y = np.squeeze(y, d)
+        return y
+
+    def conv(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, strides: tuple[int, int],
+             pads: tuple[int, int, int, int], dilations: tuple[int, int], x_const: bool,
+             w_const: bool) -> np.ndarray:
+        """A 2-D convolution (group 1; x (N, C, H, W), w (O, C, kh, kw), pads (top, left,
+        bottom, right)) as the spec's dot product per output: the input cast as a whole (its
+        scale from every element of x, those no window reads included), zero padded after the
+        cast, each output's C kh kw terms (c, i, j order) against the weight's row, the weight
+        cast per output channel (its matrix (O, C kh kw)); the bias added in one rounding, of
+        the bias as stored (``bias="exact"``) or first stored in the compute format
+        (``"stored"``)."""
+        n, c, h, wd = x.shape
+        o, _, kh, kw = w.shape
+        qx, sx, _ = self.operand(x, x_const, "left")
+        qw, sw, bw = self.operand(w.reshape(o, -1).T, w_const, "right")  # (C kh kw, O)
+        top, left, bottom, right = pads
+        qp = np.zeros((n, c, h + top + bottom, wd + left + right))
+        qp[:, :, top:top + h, left:left + wd] = qx
+        sh, sw_ = strides
+        dh, dw = dilations
+        ho = (qp.shape[2] - dh * (kh - 1) - 1) // sh + 1
+        wo = (qp.shape[3] - dw * (kw - 1) - 1) // sw_ + 1
+        ri = np.arange(ho)[:, None] * sh + np.arange(kh)[None, :] * dh  # (ho, kh)
+        ci = np.arange(wo)[:, None] * sw_ + np.arange(kw)[None, :] * dw  # (wo, kw)
+        cols = qp[:, :, ri[:, None, :, None], ci[None, :, None, :]]  # (n, c, ho, wo, kh, kw)
+        cols = cols.transpose(0, 2, 3, 1, 4, 5).reshape(n, ho * wo, c * kh * kw)
+        sa = np.asarray(sx).reshape(-1, 1, 1)
+        cast = self.spec.weights is not None or self.spec.activations is not None
+        y = self._dot(cols, sa, None, qw, sw, bw, cast)  # (n, L, O)
+        y = y.reshape(n, ho, wo, o).transpose(0, 3, 1, 2)
+        if b is not None:
+            bb = np.asarray(b, np.float64).reshape(o, 1, 1)
+            if self.bias == "stored":
+                bb = self.store(bb)
+            y = self.add(y, bb, salt=17)
         return y
 
     def _sum(self, pa: np.ndarray, pb: np.ndarray, rng: np.random.Generator) -> np.ndarray:

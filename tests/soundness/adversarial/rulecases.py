@@ -99,6 +99,17 @@ def _cases() -> list[RuleCase]:
               opset=18),
         _node("ReduceMin", [("x", (B, 24)), ("axes", np.array([1]))], {"keepdims": 1},
               opset=18),
+        # Conv (group 1): geometries whose windows read every input element (finding 22: a
+        # dynamic scale over the unfolded columns misses the elements no window reads)
+        _node("Conv", [("x", (B, 2, 6, 6)), ("w", _w(3, 2, 3, 3)), ("b", _w(3, s=0.1))],
+              {"strides": [2, 2], "pads": [1, 1, 1, 1]}, id="Conv-strided-padded",
+              extra={"conv": True}),
+        _node("Conv", [("x", (B, 2, 5, 7)), ("w", _w(2, 2, 2, 3))],
+              {"strides": [1, 2], "pads": [0, 1, 0, 1], "dilations": [2, 1]},
+              id="Conv-dilated", extra={"conv": True}),
+        _node("Conv", [("x", (B, 3, 9)), ("w", _w(4, 3, 3)), ("b", _w(4, s=0.1))],
+              {"strides": [2], "auto_pad": "SAME_UPPER"}, id="Conv1d-same",
+              extra={"conv": True}),
     ]
     # a Cast to float16 and back rounds; and a Cast-Mul chain
     cast = chain_model([helper.make_node("Cast", ["x"], ["h"], to=onnx.TensorProto.FLOAT16),
@@ -169,11 +180,22 @@ def open_finding(case: RuleCase, sp_name: str, kind: str) -> str | None:
     return None
 
 
+CONV_ACT_SCALES = ("none", "static", "dynamic_per_tensor", "per_tensor")
+
+
+def conv_spec(sp) -> bool:
+    """Whether a spec's activation cast is one a Conv input may take (docs/bounds.md: per-token
+    and per-block activation scales are not defined for a convolution and are refused)."""
+    return sp.activations is None or sp.activations.scale in CONV_ACT_SCALES
+
+
 def run_case(led: Ledger, case: RuleCase, sp_name: str, kind: str, domain: str, n_pairs: int,
              seed: int, region_eps: float | None = None, n_points: int = 3) -> list[str]:
     if open_finding(case, sp_name, kind):
         return []
     sp = SPECS[sp_name]
+    if case.extra.get("conv") and not conv_spec(sp):
+        return []
     rng = np.random.default_rng(seed)
     feeds = feeds_for(case, kind, sp_name, rng)
     g = graph_of(case.model)

@@ -34,9 +34,6 @@ def test_every_registered_rule_is_attacked() -> None:
         # realizer on QDQ graphs at midpoints and saturation, tests/soundness/test_qdq.py
         "QuantizeLinear": "tests/soundness/test_qdq.py",
         "DequantizeLinear": "tests/soundness/test_qdq.py",
-        # sampled conforming programs (kernels.realize) and onnxruntime, strides / pads /
-        # dilations, tests/bounds/test_conv.py; this interpreter has no Conv yet
-        "Conv": "tests/bounds/test_conv.py",
     }
     missing = ops - covered - movement - set(elsewhere)
     assert not missing, f"rules with no adversarial case: {sorted(missing)}"

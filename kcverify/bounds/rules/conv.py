@@ -50,6 +50,20 @@ class Geometry:
     pads: tuple[int, int, int, int]
     out: tuple[int, int]
     one_d: bool
+    unread: tuple[int, ...] = ()  # flat (H W) indices of input elements no window reads
+
+
+def unread_elements(x_shape: tuple[int, int], kernel: tuple[int, int], strides: tuple[int, int],
+                    dilations: tuple[int, int], pads: tuple[int, int, int, int]
+                    ) -> tuple[int, ...]:
+    """The input positions (flat over H W) that no window reads: a stride past the kernel's
+    reach (a 1x1 stride-2 shortcut) or the rows / columns a stride leaves over."""
+    h, w = x_shape
+    ones = F.pad(torch.ones(1, 1, h, w, dtype=torch.float64), (pads[1], pads[3], pads[0], pads[2]))
+    cols = F.unfold(ones, kernel, dilation=dilations, stride=strides)
+    reads = F.fold(cols, ones.shape[-2:], kernel, dilation=dilations, stride=strides)
+    reads = reads[0, 0, pads[0]:pads[0] + h, pads[1]:pads[1] + w]
+    return tuple(int(i) for i in torch.nonzero(reads.reshape(-1) == 0).reshape(-1))
 
 
 def geometry(ctx: RuleCtx, x_shape: tuple[int, ...], w: torch.Tensor) -> Geometry:
@@ -74,8 +88,15 @@ def geometry(ctx: RuleCtx, x_shape: tuple[int, ...], w: torch.Tensor) -> Geometr
         x_shape = (*x_shape[:2], 1, x_shape[2])
     h = (x_shape[2] + p[0] + p[2] - dil[0] * (kernel[0] - 1) - 1) // strides[0] + 1
     wd = (x_shape[3] + p[1] + p[3] - dil[1] * (kernel[1] - 1) - 1) // strides[1] + 1
-    return Geometry((kernel[0], kernel[1]), (strides[0], strides[1]), (dil[0], dil[1]),
-                    (p[0], p[1], p[2], p[3]), (h, wd), nd == 1)
+    k2, s2, d2, p4 = (kernel[0], kernel[1]), (strides[0], strides[1]), (dil[0], dil[1]), \
+        (p[0], p[1], p[2], p[3])
+    # a dynamic scale is the amax of the whole input: the elements no window reads go into
+    # extra columns whose products are dropped (im2col / col2im), so the MatMul rule's amax
+    # over its operand is the programs' amax (finding 22)
+    dynamic = any(spec.activations is not None and spec.activations.scale != "static"
+                  and spec.activations.scale != "none" for spec in ctx.kernels)
+    unread = unread_elements((x_shape[2], x_shape[3]), k2, s2, d2, p4) if dynamic else ()
+    return Geometry(k2, s2, d2, p4, (h, wd), nd == 1, unread)
 
 
 def im2col(t: torch.Tensor, g: Geometry, lead: int = 1) -> torch.Tensor:
@@ -87,13 +108,22 @@ def im2col(t: torch.Tensor, g: Geometry, lead: int = 1) -> torch.Tensor:
         x = x.unsqueeze(-2)
     x = F.pad(x, (g.pads[1], g.pads[3], g.pads[0], g.pads[2]))
     cols = F.unfold(x, g.kernel, dilation=g.dilations, stride=g.strides)  # (B, K, L)
-    return cols.transpose(-1, -2).reshape(*shape, cols.shape[-1], cols.shape[-2])
+    cols = cols.transpose(-1, -2)  # (B, L, K)
+    if g.unread:  # extra rows holding the elements no window reads, zero padded (dropped later)
+        k = cols.shape[-1]
+        flat = t.reshape(cols.shape[0], t.shape[lead], -1)  # (B, C, [H] W), unpadded
+        idx = torch.as_tensor(g.unread, device=t.device)
+        extra = flat.index_select(-1, idx).reshape(cols.shape[0], -1)
+        extra = F.pad(extra, (0, -extra.shape[-1] % k)).reshape(cols.shape[0], -1, k)
+        cols = torch.cat([cols, extra], dim=-2)
+    return cols.reshape(*shape, cols.shape[-2], cols.shape[-1])
 
 
 def col2im(t: torch.Tensor, g: Geometry, lead: int = 1) -> torch.Tensor:
     """(*lead, L, O) -> (*lead, O, [H',] W'): the matmul's result as the Conv's output."""
     o = t.shape[-1]
     spatial = (g.out[1],) if g.one_d else g.out
+    t = t[..., : spatial[0] * (spatial[1] if len(spatial) > 1 else 1), :]  # the extra rows go
     return t.transpose(-1, -2).reshape(*t.shape[:lead], o, *spatial)
 
 

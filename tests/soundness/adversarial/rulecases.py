@@ -18,6 +18,7 @@ from onnx import helper
 
 from kcverify.bounds import Region, certify_drift
 from kcverify.errors import BoundError
+from kcverify.kernels.spec import KernelSpec
 from tests.soundness.adversarial.attacks import (
     SPECS,
     box_points,
@@ -122,11 +123,11 @@ def _cases() -> list[RuleCase]:
 CASES = _cases()
 
 
-def feeds_for(case: RuleCase, kind: str, sp_name: str, rng: np.random.Generator,
+def feeds_for(case: RuleCase, kind: str, sp_name: str | KernelSpec, rng: np.random.Generator,
               batch: int | None = None) -> dict[str, np.ndarray]:
     """Inputs of ``kind`` for every float input of the case (batch: override axis 0)."""
     feeds = {}
-    sp = SPECS.get(sp_name)
+    sp = SPECS.get(sp_name) if isinstance(sp_name, str) else sp_name
     acts = sp.activations if sp is not None else None
     for name, shape in case.shapes.items():
         if batch is not None:
@@ -169,8 +170,8 @@ OPEN_FINDINGS: dict[tuple[str, str, str], str] = {
 }
 
 
-def open_finding(case: RuleCase, sp_name: str, kind: str) -> str | None:
-    sp = SPECS[sp_name]
+def open_finding(case: RuleCase, sp_name: str | KernelSpec, kind: str) -> str | None:
+    sp = SPECS[sp_name] if isinstance(sp_name, str) else sp_name
     tags = [sp.compute.name, "*"]
     if sp.activations is not None and sp.activations.scale == "static":
         tags.append("static")
@@ -189,15 +190,20 @@ def conv_spec(sp) -> bool:
     return sp.activations is None or sp.activations.scale in CONV_ACT_SCALES
 
 
-def run_case(led: Ledger, case: RuleCase, sp_name: str, kind: str, domain: str, n_pairs: int,
-             seed: int, region_eps: float | None = None, n_points: int = 3) -> list[str]:
+def run_case(led: Ledger, case: RuleCase, sp_name: str | KernelSpec, kind: str, domain: str,
+             n_pairs: int, seed: int, region_eps: float | None = None, n_points: int = 3
+             ) -> list[str]:
+    """Certify ``case`` at inputs of ``kind`` (a point, or an L-inf box of ``region_eps``) and
+    check n_pairs program pairs at the point or at n_points of the box; ``sp_name``: a name of
+    attacks.SPECS or a KernelSpec (then named by its own name in the messages)."""
     if open_finding(case, sp_name, kind):
         return []
-    sp = SPECS[sp_name]
+    sp = SPECS[sp_name] if isinstance(sp_name, str) else sp_name
+    label = sp_name if isinstance(sp_name, str) else sp.name
     if case.extra.get("conv") and not conv_spec(sp):
         return []
     rng = np.random.default_rng(seed)
-    feeds = feeds_for(case, kind, sp_name, rng)
+    feeds = feeds_for(case, kind, sp, rng)
     g = graph_of(case.model)
     region = None if region_eps is None else Region("input", "linf", region_eps)
     if region is not None and case.extra.get("mask"):
@@ -222,6 +228,6 @@ def run_case(led: Ledger, case: RuleCase, sp_name: str, kind: str, domain: str, 
                 yt, yi = run(p_t, pt), run(p_i, pt)
             for name, box in res.items():
                 found += led.check(cls, box, yt[name], yi[name],
-                                   f"{case.id}/{sp_name}/{kind}/{domain}/eps={region_eps}: "
+                                   f"{case.id}/{label}/{kind}/{domain}/eps={region_eps}: "
                                    f"{p_t} | {p_i}")
     return found

@@ -46,8 +46,10 @@ Pure Python (the DSL imports this). The semantics a spec fixes, for every progra
   kernels);
 * LayerNormalization: the row's mean and variance in the accumulator format by sums in any
   order (two-pass: mean = sum/n, var = sum((x - mean)^2)/n; onnxruntime, ONNX's function body,
-  the realizer) - and, with ``moments: welford``, also by Welford / Chan updates combined in a
-  tree of depth <= 32 + ceil(log2 n) (torch's CPU RowwiseMoments; a wider bound) - then
+  the realizer) or by Welford / Chan updates combined in a binary tree of height
+  <= 32 + ceil(log2 n) (torch's CPU RowwiseMoments). ``moments`` names the family: ``any``
+  (the default: either), ``sums`` (two-pass only) or ``welford`` (the older name of ``any``,
+  kept so that certificates that state it keep their digest) - then
   r = rsqrt(var + eps) (ulps["rsqrt"], or sqrt then div) and y = ((x - mean) * r) * g + b, each
   operation correctly rounded in the compute format (torch: (x + (-mean)) * r * g + b).
 """
@@ -70,7 +72,7 @@ ORDERS = ("any", "sequential", "pairwise", "tile_k")
 MMAS = ("sm90_fp8",)
 MMA_GROUP = {"sm90_fp8": 32}  # the K of one tensor-core instruction (wgmma k32 for fp8)
 ROUNDINGS = ("nearest", "any")
-MOMENTS = ("sums", "welford")
+MOMENTS = ("any", "sums", "welford")
 # Default error, in ulps of the compute format, of each primitive a conforming program may use.
 DEFAULT_ULPS: dict[str, float] = {
     "add": 1, "mul": 1, "div": 1, "sqrt": 1, "exp": 2, "log": 2, "tanh": 2, "erf": 2,
@@ -199,7 +201,7 @@ class KernelSpec:
     rounding: str = "nearest"
     ulps: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_ULPS))
     onnx: str | None = None  # a second ONNX graph (e.g. QDQ) that *is* this kernel
-    moments: str = "sums"  # LayerNorm's mean and variance: "sums" (two-pass) or "welford" too
+    moments: str = "any"  # LayerNorm's mean and variance: "any" (sums or Welford trees), "sums"
     accumulation: Accumulation = field(default_factory=Accumulation)  # the family (order, mma)
 
     def ulp(self, primitive: str) -> float:
@@ -451,7 +453,7 @@ def parse_kernel_spec(name: str, raw: Any, locate: Locate | None = None) -> Kern
     onnx_path = raw.get("onnx")
     if onnx_path is not None and not isinstance(onnx_path, str):
         raise _fail(locate, (*path, "onnx"), "onnx must be a path to a second ONNX graph")
-    moments = str(raw.get("moments", "sums"))
+    moments = str(raw.get("moments", "any"))
     if moments not in MOMENTS:
         raise _fail(locate, (*path, "moments"),
                     f"unknown moments {moments!r}; expected one of {', '.join(MOMENTS)}")

@@ -13,16 +13,20 @@ and the realizer: the same order):
   order (reduce.row_sum_factor: (n - 1) u_acc sum |x|), stored with ulps("reduce"); then
   v~ = fl(sum fl((x - mu~)^2) / n). Since sum (x - mu~)^2 / n = v + e_mu^2 exactly (the cross
   term vanishes), |v~ - v| <= rho_2 (v + e_mu^2) + e_mu^2 + eta-terms.
-* with ``moments: welford`` in the spec, also Welford / Chan updates combined in a binary tree
-  of depth <= D = WELFORD_DEPTH + ceil(log2 n)
-  (torch's RowwiseMoments: Welford chains of <= 16 inside a chunk, a pairwise cascade across
-  chunks and SIMD lanes, a tail of < one vector: depth <= 26 + log2 n with 16 lanes): a node's
-  mean mu_a + c (mu_b - mu_a) rounds by <= (1 + 6c) u_acc max|x|, so along any path
-  |e_mu| <= 7 D u_acc max|x| (and <= 3.5 (n + 1) u_acc max|x| for any tree: the errors reach
-  the root weighted by their subtree's share of the row). The sum of squares M = sum over nodes
-  of delta^2 w (w = n_a n_b / n, sum w <= n log2 n) gets relative rounding
-  <= (1 + u)^(2D + 8) - 1 and, from the children's mean errors, <= 4 E sqrt(M n log2 n)
-  + 4 E^2 n log2 n (Cauchy-Schwarz; Chan, Golub & LeVeque 1983 for the first-order behaviour).
+* Welford / Chan trees (torch's CPU RowwiseMoments: Welford chains of <= 16 inside a chunk, a
+  binary cascade across chunks, the SIMD lanes and a scalar tail merged one by one; height
+  <= 26 + ceil(log2 n) with 16 lanes), admitted unless the spec says ``moments: sums``: any binary
+  tree of height <= D' = min(D, n - 1), D = WELFORD_DEPTH + ceil(log2 n), whose node v merges
+  (n_a, mu_a, M_a) and (n_b, mu_b, M_b) by delta~ = fl(mu_b - mu_a), mu_v = fl(mu_a + fl(c~
+  delta~)) (or fused, or delta~ / n_v), c~ within (1 + u)^3 of n_b / n_v, and M_v = M_a + M_b +
+  delta~^2 c~ n_a (Chan, <= 7 relative roundings in the term, two in the sum) or, for n_b = 1,
+  M_a + delta~ fl(x - mu_v) (Welford). Proof (docs/bounds.md, "LayerNorm moments"): every
+  rounding of a mean is an exact shift of part of the row (delta~'s of subtree b, the rest of
+  the whole subtree), so the root holds the exact moments of x + s plus the M-only roundings T;
+  |s_j| <= s_max (a path of <= D' nodes, ``welford_shifts``), |mu~ - mu| = |mean(s)|
+  <= D' (u z + k_d (X0 + 2 s_max)) with X0 the row's range, and |M~/n - v| <= 2 sigma s_max
+  + s_max^2 + g1 (sigma + s_max)^2 + g2 (sigma + s_max) lz (Cauchy-Schwarz on sum (x - mu)(s -
+  s-bar) and on the Welford nodes' delta~ lambda terms; g1 = gamma_7 + gamma_2D'(1 + gamma_7)).
 The bound is the larger of the families' the spec admits. The rsqrt (ulps("rsqrt"), or sqrt then div) of
 v~ + eps is then within (1 - a)^(-1/2) (1 + k u) - 1 relative of r = (v + eps)^(-1/2), with
 a = max |v~ - v| / (v + eps), and the realised y_j within
@@ -86,6 +90,31 @@ def welford_depth(n: int) -> int:
     return WELFORD_DEPTH + math.ceil(math.log2(max(n, 1)))
 
 
+def admits_welford(spec: KernelSpec) -> bool:
+    """Whether the spec's LayerNorm moments include Welford / Chan trees (``moments: any``, the
+    default, or its older name ``welford``); ``sums`` is the two-pass family alone."""
+    return getattr(spec, "moments", "any") != "sums"
+
+
+def welford_shifts(acc, n: int, m_x: torch.Tensor, x_rng: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, int, float]:
+    """The Welford / Chan family's per-row shift bounds (module doc, docs/bounds.md "LayerNorm
+    moments"): (s_max, lz_max, D', k_d) with |s_j| <= s_max for every leaf's accumulated shift,
+    |lambda_v| + |zeta_v| <= lz_max at every node, D' = min(D, n - 1) the tree height, and k_d
+    the coefficient of |Delta_v| in psi_v + zeta_v. ``m_x`` = max |x|, ``x_rng`` = max x - min x
+    (per row, keepdim), in the accumulator format ``acc``."""
+    u, eta = acc.u, acc.eta
+    d = min(welford_depth(n), max(n - 1, 0))
+    k_psi = (1 + u) ** 5 - 1  # c~ within (1 + u)^3 of n_b / n_v, the product, delta~ / Delta
+    k_d = (k_psi + u) * (1 + 1e-12)
+    alpha = u * m_x + (1 + u) * k_d * x_rng + 3 * eta
+    beta = u + 2 * (1 + u) * k_d
+    grow = math.expm1(d * math.log1p(beta)) / beta if d > 0 else 0.0
+    s_max = pad_hi(alpha * grow * (1 + 1e-9))
+    lz = pad_hi((alpha + beta * s_max) * (1 + 1e-9))
+    return s_max, lz, d, k_d
+
+
 def _mean_errors(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, float, float]:
     """Bounds on |mu~ - mu| for the two families of the module doc (sums, Welford trees), and
@@ -101,32 +130,48 @@ def _mean_errors(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor
     m_x = m_abs.amax(-1, keepdim=True)
     store = (1 + spec.ulp("reduce") * u) * (1 + spec.ulp("div") * u)
     e_sums = ((1 + k_sum) * store - 1) * s_abs / n + a_sum / n + 2 * eta
-    steps = min(3.5 * (n + 1), 7.0 * welford_depth(n))
-    e_tree = steps * acc.u * m_x * 1.01 + n * acc.eta + (spec.ulp("reduce") * u * m_x + eta)
+    # Welford / Chan trees: |s-bar| <= sum_v p_v |lambda_v| + sum_v p_b |zeta_v|
+    x_rng = pad_hi(hi.amax(-1, keepdim=True) - lo.amin(-1, keepdim=True))
+    s_max, _, d, k_d = welford_shifts(acc, n, m_x, x_rng)
+    au = acc.u
+    z_v = s_abs / n + s_max + k_d * (x_rng + 2 * s_max)  # mean of |z_v| over a leaf's nodes
+    e_tree = d * (au * z_v + (1 + au) * k_d * (x_rng + 2 * s_max) + 3 * acc.eta)
+    e_tree = pad_hi(e_tree * (1 + 1e-9))
+    e_tree = e_tree + spec.ulp("reduce") * u * (m_x + e_tree) * 1.01 + eta
     return e_sums, e_tree, k_sum, a_sum
 
 
 def _var_rel(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, v_lo: torch.Tensor, eps: float,
-             e_sums: torch.Tensor, e_tree: torch.Tensor, k_sum: float, a_sum: float
-             ) -> torch.Tensor:
-    """a >= |v~ - v| / (v + eps) for every v >= v_lo, over both families (module doc)."""
+             e_sums: torch.Tensor, e_tree: torch.Tensor, k_sum: float, a_sum: float,
+             welford: bool = True) -> torch.Tensor:
+    """a >= |v~ - v| / (v + eps) for every v >= v_lo, over the families the spec admits (module
+    doc): two-pass sums, and with ``welford`` also Welford / Chan trees."""
     n = lo.shape[-1]
     u, eta = spec.compute.u, spec.compute.eta
     acc = spec.accumulate
     den = v_lo + eps
-    store = (1 + spec.ulp("reduce") * u) * (1 + spec.ulp("div") * u)
+    store = (1 + spec.ulp("reduce") * u) * (1 + spec.ulp("div") * max(u, acc.u))
     # sums: v~ = (v + e^2)(1 + theta), |theta| <= rho_2
     rho_2 = (1 + spec.ulp("add") * u) ** 2 * (1 + spec.ulp("mul") * u) * (1 + k_sum) * store - 1
     abs_2 = (n * eta + a_sum) / n * (1 + rho_2) + 2 * eta
     a_2 = rho_2 + ((1 + rho_2) * e_sums ** 2 + abs_2) / den
-    # Welford / Chan trees
-    log_n = max(1.0, math.log2(max(n, 2)))
-    rho_w = math.expm1((2 * min(n, welford_depth(n)) + 8) * math.log1p(acc.u)) * (1 + 1e-9)
-    rho_w = (1 + rho_w) * store - 1
+    if not welford:
+        return pad_hi(a_2, 1e-6)
+    # Welford / Chan trees: M~ = M(X') + T, X' = x + s (docs/bounds.md, "LayerNorm moments")
+    m_x = mag(lo, hi).amax(-1, keepdim=True)
+    x_rng = pad_hi(hi.amax(-1, keepdim=True) - lo.amin(-1, keepdim=True))
+    r_s, lz, d, _ = welford_shifts(acc, n, m_x, x_rng)
+
+    def gam(k: int) -> float:
+        return math.expm1(k * math.log1p(acc.u)) * (1 + 1e-9)
+
+    g1 = gam(7) + gam(2 * d) * (1 + gam(7))
+    g2 = (1 + gam(2)) * (1 + gam(2 * d)) * math.sqrt(2.0)
     h = torch.where(v_lo >= eps, torch.sqrt(v_lo.clamp_min(0.0)) / den,
                     torch.full_like(v_lo, 0.5 / math.sqrt(eps) if eps > 0 else math.inf))
-    abs_w = 4 * acc.eta + 2 * eta
-    a_w = rho_w + 4 * e_tree * math.sqrt(log_n) * h + (4 * e_tree ** 2 * log_n + abs_w) / den
+    core = 2 * h * r_s + r_s ** 2 / den
+    a_w = core + g1 * (1 + core) + g2 * (h + r_s / den) * lz
+    a_w = (store * (1 + 1e-9)) * a_w + (store - 1) + (8 * acc.eta + 2 * eta) / den
     return pad_hi(torch.maximum(a_2, a_w), 1e-6)
 
 
@@ -134,13 +179,12 @@ def ln_error_parts(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, v_lo: t
                    eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """Per row: (E, rho_r, ok, alpha) with |mu~ - mu| <= E, |r~ / r - 1| <= rho_r (where ok),
     and alpha the relative rounding of the centring and the two products (module doc). The
-    Welford family counts only for a spec with ``moments: welford``."""
+    Welford / Chan family counts unless the spec says ``moments: sums``."""
     u = spec.compute.u
     e_sums, e_tree, k_sum, a_sum = _mean_errors(spec, lo, hi)
-    if getattr(spec, "moments", "sums") != "welford":
-        e_tree = torch.zeros_like(e_tree)
-    e_mu = torch.maximum(e_sums, e_tree)
-    a = _var_rel(spec, lo, hi, v_lo, eps, e_sums, e_tree, k_sum, a_sum)
+    welford = admits_welford(spec)
+    e_mu = torch.maximum(e_sums, e_tree) if welford else e_sums
+    a = _var_rel(spec, lo, hi, v_lo, eps, e_sums, e_tree, k_sum, a_sum, welford)
     # eps stored in the compute format, and the addition's absolute (subnormal) error
     a = a + pad_hi((eps - eps_stored(spec, eps) + 2 * spec.compute.eta) / (v_lo + eps), 1e-6)
     # rsqrt of fl(v~ + eps): rsqrt, or sqrt then a division (ulps; products of the two are

@@ -6,8 +6,9 @@ L-inf boxes, on inputs at fp8 rounding midpoints, at saturation and in the fp16 
 accumulation families (sm90 tensor cores, split-K, tiles, pinned orders) through a 1-D
 convolution whose single window is a MatMul row the family attacks were built for.
 
-Geometries whose windows leave an input element unread are attacked only under casts whose
-scale does not look at the data (finding 22, test_findings3.py, while it is open).
+Geometries whose windows leave an input element unread (a 1x1 stride-2 shortcut, a trailing
+column) are attacked under every scale: a dynamic one is the whole input's (finding 22, fixed in
+7ce7fd1).
 """
 
 from __future__ import annotations
@@ -76,11 +77,6 @@ def conv_model(name: str, bias: bool = True):
 def conv_case(name: str) -> RuleCase:
     return RuleCase(f"conv/{name}", "Conv", conv_model(name), {"x": GEOMS[name][0]},
                     extra={"conv": True})
-
-
-def data_scaled(sp) -> bool:
-    """The activation scale depends on the data (finding 22's condition)."""
-    return sp.activations is not None and sp.activations.scale.startswith("dynamic")
 
 
 def test_geometries_say_what_they_read() -> None:
@@ -155,8 +151,6 @@ def _attack(name: str, sp_name: str, kinds: tuple[str, ...], domains: tuple[str,
             n_pairs: int, eps: float | None = None) -> list[str]:
     sp = CONV_SPECS[sp_name]
     assert conv_spec(sp)
-    if data_scaled(sp) and not reads_all(name):
-        pytest.skip("finding 22 (open): a data-dependent scale on a geometry that skips")
     case = conv_case(name)
     led = Ledger()
     found = []
@@ -170,7 +164,7 @@ def _attack(name: str, sp_name: str, kinds: tuple[str, ...], domains: tuple[str,
 
 
 FAST = [("stride-dil-pad", "fp8_tensor_bf16"), ("same-lower", "e5m2_any_fp16"),
-        ("1d-pad", "e4m3_pt_fp32"), ("1x1-stride2", "fp8_static_block"),
+        ("trailing", "e4m3_pt_fp32"), ("1x1-stride2", "fp8_tensor_bf16"),
         ("dense-K36", "e4m3_any_bf16acc")]
 
 
@@ -253,4 +247,54 @@ def test_conv_families(acc: dict) -> None:
         x, w = order_rows(np.random.default_rng(7), 3, 64, "fp32")
     found = _family_attack(f"conv/families/{'-'.join(map(str, acc.values()))}", sp, x, w, 3,
                            limit=8)
+    assert not found, "\n".join(found[:3])
+
+
+# --- the amax at an element no window reads (finding 22's regression, boxes included) -----------
+def _unread(name: str) -> tuple[int, ...]:
+    """The per-sample index (c, [h,] w) of an element no window reads."""
+    xs, ws, attrs = GEOMS[name]
+    if name == "1x1-stride2":
+        return (0, 1, 1)
+    assert name == "trailing"
+    return (1, xs[2] - 1, xs[3] - 1)
+
+
+@pytest.mark.parametrize("domain", ["interval", pytest.param("linear", marks=pytest.mark.slow),
+                                    "best"])
+@pytest.mark.parametrize("name", ["1x1-stride2", "trailing"])
+def test_conv_amax_unread(name: str, domain: str) -> None:
+    """Each sample's amax at an unread element, e4m3 midpoints of that scale elsewhere and a
+    read element 0.005 below the amax: at the point, and (linear, best) on a box of 0.01 where
+    either may be the amax (the cast relative to a certain amax element must not pick the read
+    one)."""
+    from kcverify.bounds import Region, certify_drift
+    from tests.soundness.adversarial.attacks import box_points, fp8_midpoints, pairs
+    from tests.soundness.adversarial.harness import graph_of
+
+    sp = CONV_SPECS["e4m3_pt_fp32"]
+    rng = np.random.default_rng(22)
+    xs = GEOMS[name][0]
+    x = np.stack([fp8_midpoints(xs[1:], "fp8_e4m3", rng, amax=a) for a in (1.7, 0.6)])
+    for b, a in enumerate((1.7, 0.6)):
+        x[b].reshape(-1)[0] = np.float32(a - 0.005)
+        x[b][_unread(name)] = np.float32(a)
+    model = conv_model(name)
+    run = ProgramRunner(model)
+    progs = pairs(TRAIN, sp, 4, 3, per_sample="axis0")
+    regions = [None] + ([Region("input", "linf", 0.01)] if domain != "interval" else [])
+    led = Ledger()
+    found = []
+    for region in regions:
+        with np.errstate(all="ignore"):
+            box = certify_drift(graph_of(model), TRAIN, sp, {"x": x}, region=region,
+                                domain=domain).outputs["y"]
+        points = [x] if region is None else box_points(rng, x, 0.01, 6)
+        for pt in points:
+            for p_t, p_i in progs:
+                with np.errstate(all="ignore"):
+                    yt, yi = run(p_t, {"x": pt})["y"], run(p_i, {"x": pt})["y"]
+                found += led.check(f"conv/amax-unread/{name}", box, yt, yi,
+                                   f"{name}/{domain}/{region}: {p_t} | {p_i}")
+    SESSION.merge(led)
     assert not found, "\n".join(found[:3])

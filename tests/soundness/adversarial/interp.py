@@ -69,10 +69,16 @@ def _op_classes(prog: Program, const: set[str]) -> list[type]:
             ex = np.power(_f64(x), y)
         return (prog.prim(ex, "pow"),)
 
+    def mark(op: OpRun) -> None:
+        if prog.sites is not None:
+            prog.sites.append(("node", op.onnx_node.name))
+
     def matmul(self, a, b, **_kw):
+        mark(self)
         return (prog.matmul(_f64(a), _f64(b), is_const(self, 0), is_const(self, 1)),)
 
     def gemm(self, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0, **_kw):
+        mark(self)
         a, b = _f64(a), _f64(b)
         a = a.T if transA else a
         b = b.T if transB else b
@@ -88,6 +94,7 @@ def _op_classes(prog: Program, const: set[str]) -> list[type]:
              pads=None, strides=None, **_kw):
         if int(group) != 1:
             raise NotImplementedError("Conv group != 1")
+        mark(self)
         x, w = _f64(x), _f64(w)
         nd = w.ndim - 2
         ks = list(kernel_shape or w.shape[2:])

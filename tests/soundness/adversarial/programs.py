@@ -99,6 +99,10 @@ class Program:
     split_order: str | None = None
     # a Conv's bias: added as the graph stores it, or first stored in the compute format
     bias: str = "exact"
+    # when a list: the interpreter appends ("node", name) before each MatMul / Gemm / Conv and
+    # every activation cast appends (side, q) ("left" / "right"), for locating a program's
+    # casts by (node, side) as a proof by cases names them (test_cases.py)
+    sites: list | None = None
 
     @property
     def C(self) -> Fmt:
@@ -294,6 +298,8 @@ class Program:
             q = self.cast(x, cs, s, rounding)
         if self.trace is not None and not const:
             self.trace.append((cs.format.name, q, np.broadcast_to(s, q.shape)))
+        if self.sites is not None and not const:
+            self.sites.append((side, q))
         return q, s, blk
 
     def nv_scale(self, a: np.ndarray, cs: CastSpec, kax: int, blk: int, const: bool

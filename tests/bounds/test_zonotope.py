@@ -703,8 +703,8 @@ def test_ops_forms_given_input(kernel: str) -> None:
     print(kernel, _forms_given_input(_ops_graph(), spec, names, n_x=3, n_real=3, seed=23))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["fp8_token", "w8_fp32"])
+@pytest.mark.slow  # w8_fp32 (weight-only; covered on whole models below): a campaign
+@pytest.mark.parametrize("kernel", ["fp8_token", pytest.param("w8_fp32", marks=pytest.mark.campaign)])
 def test_decoder_layer_forms_given_input(kernel: str) -> None:
     """tiny_decoder's layer1 (attention with its mask, LayerNorm, MLP) on a box around a realized
     layer input: every tensor's forms given the input symbols."""
@@ -735,8 +735,10 @@ def _model_kernels() -> dict:
     }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["tiny_decoder", "tiny_encoder"])
+@pytest.mark.slow  # the decoder (~3.5 min; its layer's forms are checked above) is a campaign;
+# its figures: bench/bounds.py --domains linear --seq 8
+@pytest.mark.parametrize("name", [pytest.param("tiny_decoder", marks=pytest.mark.campaign),
+                                  "tiny_encoder"])
 def test_models_linear(name: str) -> None:
     g = load_onnx(ROOT / "models" / f"{name}.onnx")
     rng = np.random.default_rng(21)

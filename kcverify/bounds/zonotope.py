@@ -78,9 +78,18 @@ class Form:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.c.shape)
 
-    def like(self, c: torch.Tensor, G: torch.Tensor, r: torch.Tensor) -> Form:
-        """A form over the same symbols."""
-        return Form(c, G, r, self.ids)
+    def like(self, c: torch.Tensor, G: torch.Tensor, r: torch.Tensor,
+             gs: torch.Tensor | None = None) -> Form:
+        """A form over the same symbols; ``gs``: an upper bound of sum_s |G[s]| already known
+        (an exact movement of this form's, or its scaling: see ``scaled_gsum``)."""
+        out = Form(c, G, r, self.ids)
+        out._gs = gs
+        return out
+
+    def scaled_gsum(self, s: torch.Tensor) -> torch.Tensor:
+        """An upper bound of sum_s |fl(G[s] * s)| without a pass over G: each product is at
+        most |g||s|(1 + u), and this form's gsum bounds sum |g| (one more rounding here)."""
+        return pad_hi(self.gsum() * s.abs() * (1 + 4 * U64)) + TINY
 
     def gsum(self) -> torch.Tensor:
         """Upper bound of sum_s |G[s]| (float64 sum error included)."""
@@ -107,40 +116,75 @@ class Form:
         if extra <= 0:
             return self
         shape = (1,) * extra + self.shape
-        return self.like(self.c.reshape(shape), self.G.reshape(self.k, *shape), self.r.reshape(shape))
+        return self.like(self.c.reshape(shape), self.G.reshape(self.k, *shape), self.r.reshape(shape),
+                         self._gs.reshape(shape) if self._gs is not None else None)
 
     def cap(self, m: int) -> Form:
         """At most m symbols: the rows of least total magnitude are folded into r (sound:
         |g eps| <= |g|; other tensors may keep those symbols)."""
         if self.k <= m:
             return self
-        score = torch.linalg.vector_norm(self.G.reshape(self.k, -1), 1, dim=1)
-        keep = torch.sort(torch.topk(score, m).indices).values
-        drop = torch.ones(self.k, dtype=torch.bool, device=self.G.device)
-        drop[keep] = False
-        extra = _l1(self.G[drop]) * (1 + (self.k + 2) * U64)
+        keep, drop = _top_rows(_row_l1(self.G), m)
+        extra = _l1(self.G, rows=drop) * (1 + (self.k + 2) * U64)
         return Form(self.c, self.G[keep], pad_hi(self.r + extra) + TINY, self.ids[keep.to(self.ids.device)])
+
+
+def _row_l1(G: torch.Tensor) -> torch.Tensor:
+    """sum_e |G[s, e]| per symbol s (the order-reduction score; no bound depends on it)."""
+    return torch.linalg.vector_norm(G.reshape(G.shape[0], -1), 1, dim=1)
+
+
+def _top_rows(score: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The indices of the m largest scores and of the rest, each in increasing order."""
+    keep = torch.sort(torch.topk(score, m).indices).values
+    drop = torch.ones(score.numel(), dtype=torch.bool, device=score.device)
+    drop[keep] = False
+    return keep, torch.nonzero(drop).reshape(-1)
 
 
 L1_CHUNK = 2**16  # entries per chunk of the symbol-axis sums (small temporaries: see _l1)
 
 
-def _l1(G: torch.Tensor, H: torch.Tensor | None = None) -> torch.Tensor:
-    """sum_s |G[s]| (or sum_s |G[s] - H[s]|), summed over the symbol axis in chunks. A pass
-    over the whole form at once allocates a temporary as large as the form, and a fresh large
-    allocation costs more (page faults) than the arithmetic; vector_norm along axis 0 is slower
-    still. Every chunk order is one order of summing k non-negative terms: the callers' factor
-    (1 + (k + 2) 2^-53) covers it."""
-    k = int(G.shape[0])
+def _l1(G: torch.Tensor, H: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+        hrows: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_s |G[s]| (or sum_s |G[s] - H[s]|; ``rows``/``hrows``: only those rows of G / H,
+    paired in order), summed over the symbol axis in chunks. A pass over the whole form at once
+    allocates a temporary as large as the form, and a fresh large allocation costs more (page
+    faults) than the arithmetic; vector_norm along axis 0 is slower still. Every chunk order is
+    one order of summing k non-negative terms: the callers' factor (1 + (k + 2) 2^-53) covers
+    it (and the one rounding of each difference)."""
+    k = int(G.shape[0]) if rows is None else int(rows.numel())
     shape = torch.broadcast_shapes(G.shape[1:], H.shape[1:]) if H is not None else G.shape[1:]
     acc = torch.zeros(shape, dtype=G.dtype, device=G.device)
     if k == 0:
         return acc
     step = max(1, L1_CHUNK // max(1, acc.numel()))
     for s in range(0, k, step):
-        part = G[s:s + step] if H is None else G[s:s + step] - H[s:s + step]
+        part = G[s:s + step] if rows is None else G[rows[s:s + step].to(G.device)]
+        if H is not None:
+            part = part - (H[s:s + step] if hrows is None else H[hrows[s:s + step].to(H.device)])
         acc += part.abs().sum(0)
     return acc
+
+
+def _l1_disjoint(a: Form, b: Form) -> torch.Tensor:
+    """Upper bound of sum_s |a.G[s] - b.G[s]| over the union of their symbols, without building
+    the union: the rows of symbols only one form has contribute |g| (their gsum when no symbol
+    is shared), the shared ones |g_a - g_b|."""
+    if a.k == 0 or b.k == 0:
+        return (a.gsum() if b.k == 0 else b.gsum()).expand(
+            torch.broadcast_shapes(a.c.shape, b.c.shape))
+    sa = torch.isin(a.ids, b.ids)
+    if not bool(sa.any()):
+        return a.gsum() + b.gsum()
+    sb = torch.isin(b.ids, a.ids)
+    ia = torch.nonzero(sa).reshape(-1)
+    b_ids, perm = torch.sort(b.ids)  # ids are distinct: match each shared id of a in b
+    ib = perm[torch.searchsorted(b_ids, a.ids[ia])]
+    only_a = _l1(a.G, rows=torch.nonzero(~sa).reshape(-1))
+    only_b = _l1(b.G, rows=torch.nonzero(~sb).reshape(-1))
+    k = a.k + b.k
+    return (only_a + only_b + _l1(a.G, b.G, ia, ib)) * (1 + (k + 2) * U64) + TINY
 
 
 def combine(a: Form, b: Form, sign: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,10 +253,9 @@ class ZState:
                                         and bool(torch.equal(self.i.ids, self.t.ids))):
             k = self.i.k  # the same symbols: no union to build
             g = _l1(self.i.G, self.t.G) * (1 + (k + 2) * U64)
-        else:
-            gd, u = combine(self.i, self.t, -1.0)
-            k = u.numel()
-            g = _l1(gd) * (1 + (k + 2) * U64)
+        else:  # rows of symbols only one form has add |g|; shared ones |g_i - g_t|
+            k = self.i.k + self.t.k
+            g = _l1_disjoint(self.i, self.t)
         if k == 0:
             g = torch.zeros_like(c)
         fin = torch.isfinite(self.t.c) & torch.isfinite(self.i.c)
@@ -242,7 +285,7 @@ def f_scale(a: Form, s: torch.Tensor) -> Form:
     s = s.to(F64)
     rank = max(a.c.dim(), s.dim())
     a = a.view(rank)
-    return fp_err(a.like(a.c * s, a.G * s, a.r * s.abs()), 4)
+    return fp_err(a.like(a.c * s, a.G * s, a.r * s.abs(), a.scaled_gsum(s)), 4)
 
 
 def f_shift(a: Form, s: torch.Tensor) -> Form:
@@ -329,7 +372,8 @@ def f_smooth(a: Form, lo: torch.Tensor, hi: torch.Tensor, f: Callable, df: Calla
     if not (bool(torch.isfinite(f0).all()) and bool(torch.isfinite(lam).all())
             and bool(torch.isfinite(R).all())):
         return None
-    out = a.like(f0, a.G * lam, pad_hi(lam.abs() * a.r + R + 64 * U64 * f0.abs() + TINY))
+    out = a.like(f0, a.G * lam, pad_hi(lam.abs() * a.r + R + 64 * U64 * f0.abs() + TINY),
+                 a.scaled_gsum(lam))
     return fp_err(out, 4)
 
 
@@ -367,13 +411,30 @@ class ZonoTrack:
         m[idx] = True
         m = m.reshape(f.r.shape)
         numel = f.c.numel()
-        g_new = torch.zeros((idx.numel(), numel), dtype=F64, device=f.c.device)
-        g_new[torch.arange(idx.numel(), device=f.c.device), idx] = f.r.reshape(-1)[idx]
-        G = torch.cat([f.G, g_new.reshape(idx.numel(), *f.shape)], 0)
-        ids = torch.cat([f.ids, torch.arange(self.k, self.k + idx.numel(), dtype=torch.int64)])
+        new_ids = torch.arange(self.k, self.k + idx.numel(), dtype=torch.int64)
         self.k += idx.numel()
         r = torch.where(m, torch.zeros_like(f.r), f.r)
-        return Form(f.c, G, r, ids).cap(cap)
+        old_keep = None
+        if f.k + idx.numel() > cap:  # order reduction before the rows are joined (one copy):
+            # the same rows as joining and then f.cap(cap) (a new row's score is its r)
+            score = torch.cat([_row_l1(f.G), f.r.reshape(-1)[idx]])
+            keep, drop = _top_rows(score, cap)
+            old_keep, new_keep = keep[keep < f.k], keep[keep >= f.k] - f.k
+            old_drop, new_drop = drop[drop < f.k], drop[drop >= f.k] - f.k
+            extra = _l1(f.G, rows=old_drop) * (1 + (f.k + idx.numel() + 2) * U64)
+            r_flat = r.reshape(-1).clone()
+            r_flat[idx[new_drop]] = f.r.reshape(-1)[idx[new_drop]]  # not made symbols: stay in r
+            r = pad_hi(r_flat.reshape(r.shape) + extra) + TINY
+            idx, new_ids = idx[new_keep], new_ids[new_keep]
+        g_new = torch.zeros((idx.numel(), numel), dtype=F64, device=f.c.device)
+        g_new[torch.arange(idx.numel(), device=f.c.device), idx] = f.r.reshape(-1)[idx]
+        g_new = g_new.reshape(idx.numel(), *f.shape)
+        if old_keep is None:
+            G, ids = torch.cat([f.G, g_new], 0), torch.cat([f.ids, new_ids])
+        else:
+            G = torch.cat([f.G[old_keep.to(f.G.device)], g_new], 0)
+            ids = torch.cat([f.ids[old_keep], new_ids])
+        return Form(f.c, G, r, ids)
 
     def binary_symbols(self, f: Form, coef: torch.Tensor) -> Form:
         """New binary symbols (values -1 or +1), one per element where ``coef`` != 0."""
@@ -603,18 +664,21 @@ def _movement(op: str) -> ZRule:
         def apply(f: Form):
             c = fn(ctx.node, ctx.opset, f.c, *others)
             r = fn(ctx.node, ctx.opset, f.r, *others)
+            # an exact selection / copy of elements: the same map on sum_s |G[s]|
+            gs = fn(ctx.node, ctx.opset, f.gsum(), *others) if f.k else None
             if f.k:
                 G = torch.vmap(lambda g: fn(ctx.node, ctx.opset, g, *others))(f.G)
             else:
                 G = None
             if isinstance(c, tuple):
                 return [f.like(cj.contiguous(),
-                             (G[j].contiguous() if G is not None
-                              else torch.zeros((0, *cj.shape), dtype=F64, device=cj.device)),
-                             rj.contiguous()) for j, (cj, rj) in enumerate(zip(c, r))]
+                               (G[j].contiguous() if G is not None
+                                else torch.zeros((0, *cj.shape), dtype=F64, device=cj.device)),
+                               rj.contiguous(), gs[j].contiguous() if gs is not None else None)
+                        for j, (cj, rj) in enumerate(zip(c, r))]
             return f.like(c.contiguous(), (G.contiguous() if G is not None
-                                         else torch.zeros((0, *c.shape), dtype=F64, device=c.device)),
-                        r.contiguous())
+                                           else torch.zeros((0, *c.shape), dtype=F64, device=c.device)),
+                          r.contiguous(), gs.contiguous() if gs is not None else None)
         t, i = apply(x.t), apply(x.i)
         if isinstance(t, list):
             return tuple(ZState(a, b) for a, b in zip(t, i))
@@ -746,7 +810,7 @@ for _op in ("Add", "Sub", "Mul", "Div"):
 @zrule("Neg")
 def _neg(zt, ctx, states, boxes, results):
     x = states[0]
-    return ZState(*(f.like(-f.c, -f.G, f.r) for f in x.forms()))
+    return ZState(*(f.like(-f.c, -f.G, f.r, f.gsum()) for f in x.forms()))
 
 
 # --- smooth unary ops ---------------------------------------------------------------------------
@@ -824,7 +888,8 @@ def _relu(zt, ctx, states, boxes, results):
         lam = torch.nan_to_num(lam, nan=0.0).clamp(0.0, 1.0)
         unst = ~(pos | neg)
         mu = torch.where(unst, pad_hi(-lam * lo / 2), torch.zeros_like(lo))
-        y = f.like(lam * f.c + mu, f.G * lam, pad_hi(lam * f.r + mu + 4 * U64 * (lam * f.c).abs()) + TINY)
+        y = f.like(lam * f.c + mu, f.G * lam,
+                   pad_hi(lam * f.r + mu + 4 * U64 * (lam * f.c).abs()) + TINY, f.scaled_gsum(lam))
         out.append(fp_err(y, 4))
     return ZState(*out)
 

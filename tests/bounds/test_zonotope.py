@@ -307,6 +307,64 @@ def test_drift_bounds(seed: int, big: bool) -> None:
     assert not bad.any(), f"drift {float(diff[bad][0])!r} outside drift_bounds"
 
 
+@pytest.mark.parametrize("overlap", ["same", "disjoint", "partial"])
+def test_drift_bounds_symbol_sets(overlap: str, monkeypatch) -> None:
+    """drift_bounds without building the union of the symbols (the same ids: |G_i - G_t|;
+    disjoint: gsum_i + gsum_t; partial: both), in chunks of two symbols (L1_CHUNK): sound
+    against sampling, and equal to the l1 over the explicit union up to float64 rounding."""
+    import kcverify.bounds.zonotope as zmod
+
+    monkeypatch.setattr(zmod, "L1_CHUNK", 2 * 15)
+    rng = np.random.default_rng(7)
+    ids_t = list(range(9))
+    ids_i = {"same": ids_t, "disjoint": list(range(9, 16)), "partial": [1, 4, 5, 8, 11, 12]}[overlap]
+    t = _form(rng, (3, 5), ids_t)
+    i = _form(rng, (3, 5), ids_i)
+    if overlap == "same":  # nearly equal rows: the difference is what must be summed
+        i = Form(i.c, t.G + torch.tensor(rng.normal(size=t.G.shape) * 1e-6, dtype=F64), i.r, t.ids)
+    lo, hi = ZState(t, i).drift_bounds()
+    (gt, gi), u = align([t, i])
+    exact = (gi - gt).abs().sum(0)
+    half = (hi - lo) / 2
+    assert bool((half >= exact + t.r + i.r).all())
+    assert bool((half <= (exact + t.r + i.r) * (1 + 1e-12) + 1e-12).all())
+    eps_mp = _mp(_eps(rng, 200, u.numel()))
+    diff = (_affine(eps_mp, i.c, gi) + _mp(_noise(rng, 200, i.r))
+            - _affine(eps_mp, t.c, gt) - _mp(_noise(rng, 200, t.r)))
+    bad = (diff < _mp(lo.numpy())[None]) | (diff > _mp(hi.numpy())[None])
+    assert not bad.any()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fresh_under_a_cap(seed: int) -> None:
+    """ZonoTrack.fresh when the old symbols and the new ones exceed the cap: the rows kept are
+    those of joining and then capping (a new row's score is its r), r holds the dropped old
+    rows and the errors not made symbols, and the result encloses the input form."""
+    rng = np.random.default_rng(seed)
+    zt = ZonoTrack(k_max=64)
+    zt.k = 100
+    f = _form(rng, (10, 9), list(range(100)), g=5e-4, r=0.05)  # 100 rows, ~81 nonzero r
+    out = zt.fresh(f)
+    assert out.k == 64 and zt.k > 100
+    new = out.ids >= 100
+    assert bool((torch.diff(out.ids) > 0).all())
+    # the reference: every nonzero r a symbol, joined, then the order reduction
+    ref = ZonoTrack(k_max=64)
+    ref.k = 100
+    nz = torch.nonzero(f.r.reshape(-1) >= torch.topk(f.r.reshape(-1), 64).values[-1]).reshape(-1)
+    g_new = torch.zeros((nz.numel(), f.c.numel()), dtype=F64)
+    g_new[torch.arange(nz.numel()), nz] = f.r.reshape(-1)[nz]
+    joined = Form(f.c, torch.cat([f.G, g_new.reshape(-1, *f.shape)]),
+                  f.r.reshape(-1).index_fill(0, nz, 0.0).reshape(f.shape),
+                  torch.cat([f.ids, torch.arange(100, 100 + nz.numel())])).cap(64)
+    assert torch.equal(joined.ids[joined.ids < 100], out.ids[~new]) and torch.equal(joined.G, out.G)
+    assert torch.allclose(joined.r, out.r, rtol=1e-12, atol=1e-300)
+    assert int(new.sum()) > 0 and int((~new).sum()) > 0  # both kinds kept and dropped
+    # a new symbol stands for one element's noise: as noise again, the form encloses f
+    as_noise = Form(out.c, out.G[~new], out.r + out.G[new].abs().sum(0), out.ids[~new])
+    _check(as_noise, [f], lambda x: x, rng, n=_n(seed, 200))
+
+
 # --- smooth primitives ----------------------------------------------------------------------
 C_TANH = MP.sqrt(2 / MP.pi)
 _GELU = {

@@ -40,6 +40,7 @@ plus both kernels' errors, intersected with the value-set difference.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -96,23 +97,46 @@ def admits_welford(spec: KernelSpec) -> bool:
     return getattr(spec, "moments", "any") != "sums"
 
 
-def welford_shifts(acc, n: int, m_x: torch.Tensor, x_rng: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor, int, float]:
-    """The Welford / Chan family's per-row shift bounds (module doc, docs/bounds.md "LayerNorm
-    moments"): (s_max, lz_max, D', k_d) with |s_j| <= s_max for every leaf's accumulated shift,
-    |lambda_v| + |zeta_v| <= lz_max at every node, D' = min(D, n - 1) the tree height, and k_d
-    the coefficient of |Delta_v| in psi_v + zeta_v. ``m_x`` = max |x|, ``x_rng`` = max x - min x
-    (per row, keepdim), in the accumulator format ``acc``."""
+class WelfordShifts(NamedTuple):
+    """Per-row bounds of the Welford / Chan family's proof (docs/bounds.md, "LayerNorm
+    moments"): every rounding of a mean is an exact shift of part of the row, x' = x + s."""
+
+    s_max: torch.Tensor  # |s_j| <= s_max (a path of <= d nodes)
+    lz: torch.Tensor  # |lambda_v| + |zeta_v| <= lz at every node
+    r_l: torch.Tensor  # the shifts by the means' own roundings (ell): |s^ell_j| <= r_l
+    r_d: torch.Tensor  # the shifts by delta~, c~ and their product: |s^Delta_j| <= r_d
+    cs: float  # and in rms: <= cs sigma' + 3 n eta, sigma' = rms(x + s - mean) (Cauchy-Schwarz)
+    d: int  # D' = min(D, n - 1), the tree height
+    k_d: float  # psi_v + zeta_v <= k_d |Delta_v| (+ eta)
+    k_t: int  # relative roundings of a Chan term delta~^2 c~ n_a
+
+
+def welford_shifts(acc, n: int, m_x: torch.Tensor, x_rng: torch.Tensor) -> WelfordShifts:
+    """The shift bounds for rows with max |x| <= ``m_x`` and max x - min x <= ``x_rng`` (per
+    row, keepdim), moments accumulated in the format ``acc``."""
     u, eta = acc.u, acc.eta
     d = min(welford_depth(n), max(n - 1, 0))
-    k_psi = (1 + u) ** 5 - 1  # c~ within (1 + u)^3 of n_b / n_v, the product, delta~ / Delta
+    k_c = 1 if n <= 1 / u else 3  # c~ = fl(n_b / n_v): the counts are exact below 1 / u
+    k_psi = (1 + u) * ((1 + u) ** (k_c + 1) - 1)  # c~ and the product, on delta~ = Delta (1 + u)
     k_d = (k_psi + u) * (1 + 1e-12)
     alpha = u * m_x + (1 + u) * k_d * x_rng + 3 * eta
     beta = u + 2 * (1 + u) * k_d
     grow = math.expm1(d * math.log1p(beta)) / beta if d > 0 else 0.0
     s_max = pad_hi(alpha * grow * (1 + 1e-9))
     lz = pad_hi((alpha + beta * s_max) * (1 + 1e-9))
-    return s_max, lz, d, k_d
+    big = x_rng + 2 * s_max  # |Delta_v|: two means of the shifted row
+    r_l = pad_hi(d * (u * (m_x + s_max + k_d * big) + eta) * (1 + 1e-9))
+    r_d = pad_hi(d * (k_d * big + 2 * eta) * (1 + 1e-9))
+    cs = k_d * math.sqrt(n * d) / (1 - u) * (1 + 1e-9)
+    return WelfordShifts(s_max, lz, r_l, r_d, cs, d, k_d, 4 if k_c == 1 else 7)
+
+
+def _shift_rms(w: WelfordShifts, sigma: torch.Tensor, n: int, eta: float) -> torch.Tensor:
+    """rms(s - mean(s)) <= this, for rows whose exact standard deviation is <= ``sigma``."""
+    r = torch.minimum(w.s_max, w.r_l + w.r_d)
+    if w.cs < 1:
+        r = torch.minimum(r, pad_hi((w.r_l + 3 * n * eta + w.cs * sigma) / (1 - w.cs)))
+    return r
 
 
 def _mean_errors(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor
@@ -130,13 +154,16 @@ def _mean_errors(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor
     m_x = m_abs.amax(-1, keepdim=True)
     store = (1 + spec.ulp("reduce") * u) * (1 + spec.ulp("div") * u)
     e_sums = ((1 + k_sum) * store - 1) * s_abs / n + a_sum / n + 2 * eta
-    # Welford / Chan trees: |s-bar| <= sum_v p_v |lambda_v| + sum_v p_b |zeta_v|
+    # Welford / Chan trees: mu~ - mu = mean(s) = sum_v p_v (psi_v + ell_v) + sum_v p_b zeta_v
     x_rng = pad_hi(hi.amax(-1, keepdim=True) - lo.amin(-1, keepdim=True))
-    s_max, _, d, k_d = welford_shifts(acc, n, m_x, x_rng)
+    w = welford_shifts(acc, n, m_x, x_rng)
+    sigma = pad_hi(torch.sqrt(_norm_parts(lo, hi, 1.0)[2][1].clamp_min(0.0)))
+    sig_x = sigma + _shift_rms(w, sigma, n, acc.eta)  # sigma' of the shifted row
+    big = x_rng + 2 * w.s_max
     au = acc.u
-    z_v = s_abs / n + s_max + k_d * (x_rng + 2 * s_max)  # mean of |z_v| over a leaf's nodes
-    e_tree = d * (au * z_v + (1 + au) * k_d * (x_rng + 2 * s_max) + 3 * acc.eta)
-    e_tree = pad_hi(e_tree * (1 + 1e-9))
+    ell = w.d * (au * (s_abs / n + w.s_max + w.k_d * big) + acc.eta)
+    share_b = torch.minimum(w.d * big, math.sqrt(n * w.d) / (1 - au) * sig_x + n * acc.eta)
+    e_tree = pad_hi((ell + w.k_d * share_b + 2 * w.d * acc.eta) * (1 + 1e-9))
     e_tree = e_tree + spec.ulp("reduce") * u * (m_x + e_tree) * 1.01 + eta
     return e_sums, e_tree, k_sum, a_sum
 
@@ -157,20 +184,27 @@ def _var_rel(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor, v_lo: torch.T
     a_2 = rho_2 + ((1 + rho_2) * e_sums ** 2 + abs_2) / den
     if not welford:
         return pad_hi(a_2, 1e-6)
-    # Welford / Chan trees: M~ = M(X') + T, X' = x + s (docs/bounds.md, "LayerNorm moments")
+    # Welford / Chan trees: M~ = M(x + s) + T (docs/bounds.md, "LayerNorm moments")
     m_x = mag(lo, hi).amax(-1, keepdim=True)
     x_rng = pad_hi(hi.amax(-1, keepdim=True) - lo.amin(-1, keepdim=True))
-    r_s, lz, d, _ = welford_shifts(acc, n, m_x, x_rng)
+    w = welford_shifts(acc, n, m_x, x_rng)
 
     def gam(k: int) -> float:
         return math.expm1(k * math.log1p(acc.u)) * (1 + 1e-9)
 
-    g1 = gam(7) + gam(2 * d) * (1 + gam(7))
-    g2 = (1 + gam(2)) * (1 + gam(2 * d)) * math.sqrt(2.0)
+    g1 = gam(w.k_t) + gam(2 * w.d) * (1 + gam(w.k_t))
+    g2 = (1 + gam(2)) * (1 + gam(2 * w.d)) * math.sqrt(2.0)
     h = torch.where(v_lo >= eps, torch.sqrt(v_lo.clamp_min(0.0)) / den,
                     torch.full_like(v_lo, 0.5 / math.sqrt(eps) if eps > 0 else math.inf))
-    core = 2 * h * r_s + r_s ** 2 / den
-    a_w = core + g1 * (1 + core) + g2 * (h + r_s / den) * lz
+    # (2 sigma R + R^2) / (v + eps), R = rms(s - mean s): by the paths, or by Cauchy-Schwarz
+    r_p = torch.minimum(w.s_max, w.r_l + w.r_d)
+    core = 2 * h * r_p + r_p ** 2 / den
+    if w.cs < 1:
+        rho = w.r_l + 3 * n * acc.eta
+        c2 = (2 * (h * rho + w.cs) / (1 - w.cs)
+              + (rho / torch.sqrt(den) + w.cs) ** 2 / (1 - w.cs) ** 2)
+        core = torch.minimum(core, pad_hi(c2 * (1 + 1e-9)))
+    a_w = core + g1 * (1 + core) + g2 * (h + r_p / den) * w.lz
     a_w = (store * (1 + 1e-9)) * a_w + (store - 1) + (8 * acc.eta + 2 * eta) / den
     return pad_hi(torch.maximum(a_2, a_w), 1e-6)
 

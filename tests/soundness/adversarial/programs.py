@@ -103,6 +103,10 @@ class Program:
     # every activation cast appends (side, q) ("left" / "right"), for locating a program's
     # casts by (node, side) as a proof by cases names them (test_cases.py)
     sites: list | None = None
+    # ``ln_form="welford"``: LayerNorm's moments by a Welford / Chan tree (welford.py): its shape
+    # and its update forms (a welford.Form; None: the default form)
+    wf_tree: str = "torch"
+    wf_form: object = None
 
     @property
     def C(self) -> Fmt:
@@ -506,13 +510,22 @@ class Program:
             if b is not None:
                 y = y + b
             return within(y, self.C, 1.0, self.rounding, self.rng(4))
-        acc = self.ln_form == "two_pass_acc"  # mean and variance kept in the accumulator
-        s = self.row_sum(xf, salt=5, store=not acc)
-        mu = (rnd(s / n, self.A) if acc else self.div(s, float(n)))[..., None]
-        c = self.sub(xf, mu, salt=6)
-        sq = rnd(c * c, self.A) if acc else self.mul(c, c, salt=7)
-        ss = self.row_sum(sq, salt=8, store=not acc)
-        v = (rnd(ss / n, self.A) if acc else self.div(ss, float(n)))[..., None]
+        acc = self.ln_form in ("two_pass_acc", "welford")  # moments kept in the accumulator
+        if self.ln_form == "welford":  # a Welford / Chan tree (welford.py), torch's family
+            from tests.soundness.adversarial import welford as wf
+
+            form = self.wf_form if self.wf_form is not None else wf.Form()
+            mu, M = wf.moments(xf, wf.build(self.wf_tree, n, self.seed), form, self.A)
+            mu = mu[..., None]
+            c = self.sub(xf, mu, salt=6)
+            v = rnd(M / n, self.A)[..., None]
+        else:
+            s = self.row_sum(xf, salt=5, store=not acc)
+            mu = (rnd(s / n, self.A) if acc else self.div(s, float(n)))[..., None]
+            c = self.sub(xf, mu, salt=6)
+            sq = rnd(c * c, self.A) if acc else self.mul(c, c, salt=7)
+            ss = self.row_sum(sq, salt=8, store=not acc)
+            v = (rnd(ss / n, self.A) if acc else self.div(ss, float(n)))[..., None]
         ve = rnd(v + eps, self.A) if acc else self.add(v, rnd(eps, self.C), salt=9)
         if self.rounding == "nearest":
             r = self.div(1.0, self.sqrt(ve))

@@ -154,8 +154,9 @@ def _check(out: Form, ins: list[Form], op, rng: np.random.Generator, n: int = 20
     return worst
 
 
-# the fast suite draws one seed with fewer samples; -m slow adds two seeds with more
-SEEDS = [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)]
+# the fast suite draws one seed with fewer samples; -m slow adds a seed with more, -m campaign
+# a third
+SEEDS = [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.campaign)]
 
 
 def _n(seed: int, n: int) -> int:

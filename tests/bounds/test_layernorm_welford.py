@@ -46,6 +46,14 @@ def test_moments_default_is_any_and_old_digests_stay() -> None:
     with pytest.raises(KernelSpecError, match="expected one of any, sums, welford"):
         parse_kernel_spec("t", {"compute": "fp32", "moments": "two-pass"})
     assert nz.admits_welford(DEFAULT) and not nz.admits_welford(SUMS)
+    # welford names the same family as any: the same bound, another digest
+    welford = dataclasses.replace(DEFAULT, moments="welford")
+    x = torch.from_numpy(1e3 + np.random.default_rng(0).standard_normal((3, 64)))
+    v = x.var(-1, unbiased=False, keepdim=True)
+    for a, b in zip(nz.ln_error_parts(DEFAULT, x, x, v, EPS), nz.ln_error_parts(welford, x, x, v, EPS)):
+        assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+    sums = nz.ln_error_parts(SUMS, x, x, v, EPS)
+    assert bool((sums[1] < nz.ln_error_parts(DEFAULT, x, x, v, EPS)[1]).all())
 
 
 def _rows(rng: np.random.Generator, n: int, mean: float, std: float) -> np.ndarray:

@@ -267,8 +267,8 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
     is called with 0 first, then after each work item (relational domains: one input each). ``workers`` /
     ``ray_address`` run the work items on Ray (kcverify.distributed); the bounds are the
     serial ones, in input order. ``cases > 0``: a proof by cases over each input's unstable
-    casts, up to that many cases per input, in the interval domain (kcverify.bounds.cases;
-    point inputs only); ``unstable_casts`` then counts those left in the cases. ``memory``: the
+    casts, up to that many cases per input, each case bounded with ``domain`` (interval or
+    best; kcverify.bounds.cases; point inputs only); ``unstable_casts`` then counts those left in the cases. ``memory``: the
     bound engine's budget in bytes (kcverify.bounds.memory; default half of physical memory);
     its decisions are in ``notes``."""
     import numpy as np
@@ -284,7 +284,7 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
     region = Region(space, "linf", eps) if eps > 0 else None
     if cases > 0:
         return _bound_by_cases(model, contract, graph, train, inf, feeds, cases, device, eps,
-                               workers or ray_address)
+                               workers or ray_address, domain)
     items = [dict(feeds=part, region=region, domain=domain, device=device, memory=memory)
              for part in input_chunks(feeds, domain)]
     finished = 0
@@ -314,8 +314,8 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
 
 
 def _bound_by_cases(model: PathLike, contract: PathLike, graph: Any, train: Any, inf: Any,
-                    feeds: Any, cases: int, device: str, eps: float, distributed: Any
-                    ) -> BoundResult:
+                    feeds: Any, cases: int, device: str, eps: float, distributed: Any,
+                    domain: str = "interval") -> BoundResult:
 
     from kcverify.bounds.cases import certify_cases
     from kcverify.bounds.engine import _as_feeds
@@ -323,9 +323,11 @@ def _bound_by_cases(model: PathLike, contract: PathLike, graph: Any, train: Any,
 
     if eps > 0 or distributed:
         raise BoundError("--cases bounds point inputs in one process: drop --eps / --workers")
+    if domain not in ("interval", "best"):
+        raise BoundError(f"--cases runs each case in the interval or best domain, not {domain!r}")
     res = certify_cases(graph, train, inf, _as_feeds(graph, feeds), max_leaves=cases,
-                        device=device)
-    return BoundResult(model=os.fspath(model), contract=os.fspath(contract), domain="interval",
+                        device=device, domain=domain)
+    return BoundResult(model=os.fspath(model), contract=os.fspath(contract), domain=domain,
                        linf=res.linf, unstable_casts=res.unstable_left, seconds=res.seconds,
                        region=None,
                        blocks=[{"name": "model", "digest": graph.digest(),

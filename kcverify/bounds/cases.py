@@ -242,6 +242,79 @@ def forced_values(site: Site, lo: torch.Tensor, hi: torch.Tensor, cs: Any, side:
     return torch.where(forced, v_lo, c_lo), torch.where(forced, v_hi, c_hi), forced
 
 
+def site_order(graph: Any) -> dict[str, int]:
+    """Each node's position in the graph order the analysis runs in (sites are casts at nodes)."""
+    return {n.name: k for k, n in enumerate(graph.nodes)}
+
+
+def check_tree(paths: list[list[Decision]], order: dict[str, int]) -> None:
+    """The leaves' decision paths form a complete binary case tree, or CaseError.
+
+    Every path lists its decisions in graph order of their sites (non-decreasing); the paths
+    share the root's decision, and split there into exactly two non-empty groups, one per value
+    of that element (value / other swapped), each again a complete tree over the remaining
+    decisions; a leaf is one path that ends there. Why this covers every conforming program,
+    with each leaf re-run under its whole path (``forcing`` checks each decided element's
+    unforced enclosure against its two values): the root's element is at the earliest site of
+    every path, so its enclosure is computed with nothing upstream forced, and every program
+    casts it to one of the two values; each child then holds exactly the programs of its value,
+    and the same holds below it, site by site in graph order (a decision affects only what is
+    downstream of its site)."""
+    if not paths:
+        raise CaseError("a case tree needs at least one leaf")
+    for p in paths:
+        pos = []
+        for d in p:
+            if d.site[0] not in order:
+                raise CaseError(f"a decision names node {d.site[0]!r}, which the model lacks")
+            pos.append(order[d.site[0]])
+        if pos != sorted(pos):
+            raise CaseError("a path's decisions must follow the graph order of their sites")
+
+    def walk(group: list[list[Decision]], depth: int) -> None:
+        ends = [p for p in group if len(p) == depth]
+        if ends:
+            if len(group) != 1:
+                raise CaseError(f"a leaf at depth {depth} has {len(group) - 1} other paths "
+                                "beside it (a duplicate leaf, or a leaf that is also split)")
+            return
+        d0 = group[0][depth]
+        a, b = [], []
+        for p in group:
+            d = p[depth]
+            if (d.site, d.index) != (d0.site, d0.index):
+                raise CaseError(f"the paths under one node split on different elements at depth "
+                                f"{depth}: {d0.site}[{d0.index}] and {d.site}[{d.index}]")
+            if (d.value, d.other) == (d0.value, d0.other):
+                a.append(p)
+            elif (d.value, d.other) == (d0.other, d0.value):
+                b.append(p)
+            else:
+                raise CaseError(f"element {d0.index} of {d0.site} is split on {{{d0.value!r}, "
+                                f"{d0.other!r}}} and on {{{d.value!r}, {d.other!r}}}")
+        if not a or not b:
+            v = d0.other if not b else d0.value
+            raise CaseError(f"the case tree lacks the branch {v!r} of element {d0.index} of "
+                            f"{d0.site}")
+        walk(a, depth + 1)
+        walk(b, depth + 1)
+    walk(paths, 0)
+
+
+def bound_leaf(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], path: list[Decision],
+               domain: str = "interval", device: str = "cpu") -> tuple[float, int]:
+    """One leaf: the drift bound of one input (``feeds`` a batch of 1) with every decision of
+    ``path`` forced, and the unstable casts left; CaseError when a decision does not cover the
+    enclosure it is applied to, or names an element the run never cast."""
+    from kcverify.bounds.engine import certify_drift, whole_graph
+
+    with forcing([path]):
+        res = certify_drift(graph, train, inf, feeds, domain=domain, device=device,
+                            blocks=whole_graph(graph))
+    left = int(res.unstable_casts[0]) if res.unstable_casts is not None else 0
+    return float(res.linf[0]), left
+
+
 @dataclass
 class CaseResult:
     """Per input: the certified bound (max over the leaves), the leaves' decision paths, and
@@ -252,6 +325,7 @@ class CaseResult:
     unstable_left: Any  # np.ndarray (batch,)
     seconds: float
     runs: int
+    leaf_linf: list[list[float]] = field(default_factory=list)  # per input, per leaf
 
 
 def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_leaves: int = 64,
@@ -284,18 +358,27 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
         todo = [(i, j) for i in range(batch) for j in range(len(paths[i])) if not final[i][j]]
         if not todo:
             break
-        rows = np.array([i for i, _ in todo])
-        fd = {k: np.asarray(v)[rows] for k, v in feeds.items()}
-        with forcing([paths[i][j] for i, j in todo]) as run:
-            res = certify_drift(graph, train, inf, fd, domain=domain, device=device, blocks=blks)
-        runs += 1
-        if progress is not None:
-            progress(runs, sum(len(p) for p in paths))
+        # the interval domain bounds every open case of every input in one batched run; a
+        # relational domain (best, zonotope) one case at a time (its forms are per input)
+        groups = [todo] if domain == "interval" else [[c] for c in todo]
+        seen: list[Any] = []
+        for grp in groups:
+            rows = np.array([i for i, _ in grp])
+            fd = {k: np.asarray(v)[rows] for k, v in feeds.items()}
+            with forcing([paths[i][j] for i, j in grp]) as run:
+                res = certify_drift(graph, train, inf, fd, domain=domain, device=device,
+                                    blocks=blks)
+            for b, (i, j) in enumerate(grp):
+                linf[i][j] = float(res.linf[b])
+                left[i][j] = int(res.unstable_casts[b]) if res.unstable_casts is not None else 0
+                seen.append(next(((s, u.rows[b]) for s, u in run.seen.items() if u.rows[b]),
+                                 None))
+            runs += 1
+            if progress is not None:
+                progress(runs, sum(len(p) for p in paths))
         grown: dict[int, list[tuple[int, list[list[Decision]]]]] = {}
         for b, (i, j) in enumerate(todo):
-            linf[i][j] = float(res.linf[b])
-            left[i][j] = int(res.unstable_casts[b]) if res.unstable_casts is not None else 0
-            first = next(((s, u.rows[b]) for s, u in run.seen.items() if u.rows[b]), None)
+            first = seen[b]
             room = max_leaves - len(paths[i]) - sum(len(k) - 1 for _, k in grown.get(i, []))
             if first is None or room < 1:
                 final[i][j] = True
@@ -318,4 +401,5 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
                 linf[i][j:j + 1] = [float("inf")] * len(kids)
                 left[i][j:j + 1] = [0] * len(kids)
     return CaseResult(np.array([max(v) for v in linf]), paths,
-                      np.array([sum(v) for v in left]), time.perf_counter() - t0, runs)
+                      np.array([sum(v) for v in left]), time.perf_counter() - t0, runs,
+                      [list(v) for v in linf])

@@ -21,3 +21,4 @@ __all__ = ["RULES", "CertificateBuilder", "Rule", "RuleContext", "RuleError", "g
 
 import kcverify.certs.smt_rule  # noqa: E402,F401  (registers "smt-block"; z3 loads only when used)
 import kcverify.certs.split_rule  # noqa: E402,F401  (registers "split-cover"; torch when used)
+import kcverify.certs.cases_rule  # noqa: E402,F401  (registers "case-split"; torch when used)

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         print(dumps(res.to_json()))
         return 0
     w = sys.stdout.write
-    how = res.domain if not args.cases else f"interval by cases, <= {args.cases} per input"
+    how = res.domain if not args.cases else f"{res.domain} by cases, <= {args.cases} per input"
     w(f"{args.model}: certified drift bounds (kernels train -> inf, domain {how}, "
       f"{len(res.blocks)} blocks, {res.seconds:.2f} s)\n")
     for k, v in enumerate(res.linf):

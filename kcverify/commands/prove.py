@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="memory budget of the bound engine (e.g. 4G, 512M, 50%%; default half "
                         "of physical memory): a method that cannot fit is replaced by intervals, "
                         "with a note")
+    p.add_argument("--cases", type=int, default=0, metavar="N",
+                   help="where a certified bound misses its threshold on point inputs with "
+                        "unstable fp8 casts, prove it by cases over those casts, up to N cases "
+                        "per input (kcverify.bounds.cases; the checker re-runs every case)")
     p.add_argument("--realizations", type=int, default=2,
                    help="conforming inference programs drawn per slice for counterexample search "
                         "and evidence (default 2)")
@@ -66,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     load_rule_modules(args.rules)
     options = ProveOptions(memory=None if args.memory is None else parse_size(args.memory),
                            domain=args.domain, device=check_device(args.device),
+                           cases=args.cases,
                            realizations=args.realizations, confidence=args.confidence,
                            cert_path=args.cert, embed=args.embed,
                            write_certificate=not args.no_cert, force=args.force,

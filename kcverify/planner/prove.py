@@ -47,6 +47,9 @@ class ProveOptions:
     runtime_repeats: int = 3
     smt_timeout: float = 30.0  # seconds per input for z3 on small blocks
     region_timeout: float = 60.0  # seconds of input splitting per VNN-LIB slice (regions)
+    # > 0: a bound that misses its threshold on a point slice is proved by cases over the
+    # inputs' unstable fp8 casts, up to this many cases per input (a case-split leaf)
+    cases: int = 0
     cert_path: Path | None = None  # default MODEL.kcert.json
     embed: bool = False
     write_certificate: bool = True
@@ -506,6 +509,13 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
         smt = _try_smt(s, b, q)
         if smt is not None:
             return smt, unfx(smt["conclusion"]["bound"][0]), ""
+        by_cases = _try_cases(s, b, q, stat)
+        if by_cases is not None:
+            proof, got = by_cases
+            if proof is not None:
+                return proof, got, ""
+            return None, min(bound, got) if entry.upper else bound, \
+                note + f"; by cases {got:.6g}"
         return None, bound, note
     return proof, bound, ""
 
@@ -556,6 +566,74 @@ def _try_smt(s: Session, b: Any, q: NumericalQuery) -> dict[str, Any] | None:
         return b.apply("threshold", [agg], threshold=float(q.threshold), op=q.op)
     except RuleError:
         return None
+
+
+def _try_cases(s: Session, b: Any, q: NumericalQuery, stat: str
+               ) -> tuple[dict[str, Any] | None, float] | None:
+    """With ``options.cases``: the slice's per-input L-inf drift by cases over its unstable
+    casts (kcverify.bounds.cases), as a case-split leaf the checker re-runs, then the quantity's
+    linf-based derivations, aggregated and thresholded. (proof or None, the bound reached) or
+    None where cases do not apply (regions, per-position quantities, no unstable cast)."""
+    import base64
+
+    from kcverify.certs.cases_rule import encode_inputs
+    from kcverify.certs.encoding import fx, unfx
+    from kcverify.certs.rules import RuleError
+    from kcverify.dsl.quantities import get_quantity
+
+    if s.options.cases <= 0 or q.per_position or s.options.domain not in ("interval", "best"):
+        return None
+    sl = s.contract.slices[q.slice]
+    if sl.region is not None and sl.region.eps > 0:
+        return None
+    if not any(s.unstable_casts().get(q.slice, [])):
+        return None
+    from kcverify.bounds.cases import certify_cases
+    from kcverify.certs.cases_rule import CaseSplit  # noqa: F401 - registers the rule
+
+    feeds = s.feeds(q.slice)
+    s.say(f"{q.slice!r}: the bound misses {q.op} {q.threshold:g}; proving by cases over its "
+          f"unstable casts (<= {s.options.cases} per input, domain {s.options.domain})")
+    res = certify_cases(s.bound_graph, s.bound_train, s.bound_inf, feeds,
+                        max_leaves=s.options.cases, domain=s.options.domain,
+                        device=s.options.device,
+                        progress=lambda k, n: s.say(f"cases: run {k}, {n} open or done"))
+    s.say(f"cases: bounds {', '.join(f'{v:.4g}' for v in res.linf)} in {res.runs} runs, "
+          f"{res.seconds:.0f} s")
+    graph = s.bound_graph
+    leaf = b.apply("case-split", [], **{
+        "graph": base64.b64encode(graph.to_onnx().SerializeToString()).decode(),
+        "graph_digest": graph.digest(),
+        "kernels": {"train": s.bound_train.canonical(), "inf": s.bound_inf.canonical()},
+        "method": s.options.domain, "tensor": s.output, "inputs": encode_inputs(feeds),
+        "leaves": [[[d.to_json() for d in p] for p in paths] for paths in res.leaves],
+        "claims": [[fx(float(v)) for v in per] for per in res.leaf_linf],
+        "slice": q.slice})
+    entry = get_quantity(q.quantity)
+    best: tuple[float, dict[str, Any]] | None = None
+    for rule, premises in derivations(q.quantity):
+        try:
+            if rule == "linf-from-state":
+                node = leaf
+            elif premises == "linf":
+                params: dict[str, Any] = {}
+                if entry.temperature:
+                    params["temperature"] = float(q.temperature)
+                node = b.apply(rule, [leaf], **params)
+            else:
+                continue
+            agg = b.apply("aggregate", [node], stat=stat)
+        except RuleError:
+            continue
+        v = unfx(agg["conclusion"]["bounds"][0]) + 0.0
+        if best is None or (v < best[0] if entry.upper else v > best[0]):
+            best = (v, agg)
+    if best is None:
+        return None
+    try:
+        return b.apply("threshold", [best[1]], threshold=float(q.threshold), op=q.op), best[0]
+    except RuleError:
+        return None, best[0]
 
 
 def _region_slice(s: Session, name: str) -> bool:

@@ -48,6 +48,7 @@ parts of a split are bounded together.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -414,6 +415,13 @@ class ChainBounds:
                 self.dW.append((dW, _parts(dW), err))
                 self.stacked[j] = torch.cat([Wt.T, dW.T], 0).contiguous()
 
+    def forward_only(self) -> ChainBounds:
+        """The same domain without back-substitution of the intermediate bounds (the forward
+        forms alone, about 20x cheaper on ACAS Xu): the split's estimate of which cut helps."""
+        cheap = copy.copy(self)
+        cheap.crown = False
+        return cheap
+
     def _prepare(self, spec: KernelSpec) -> _Kernel:
         mats: list[Any] = []
         for st in self.chain.steps:
@@ -707,6 +715,30 @@ def _meet_prior(p: torch.Tensor, lo: list, hi: list, dlo: Any, dhi: Any, want_d:
     return lo, hi, dlo, dhi
 
 
+def _mags(cb: ChainBounds, tr: dict[str, Any], j: int) -> dict[str, Any]:
+    """The magnitudes step j's rounding pads multiply by, per box (cached in the trace entry,
+    like the relaxations, so a back-substitution with one row per (box, neuron) gathers them
+    instead of recomputing a matrix product per row): ``mag{k}`` = max |v_k| of the step's
+    input, ``dmag`` = max |drift|; for an affine step ``wmag{k}`` = mag{k} |W_k|, and with two
+    kernels ``wmag_d`` = mag0 |dW| + dmag |W_inf| and ``wmag_e`` = mag0 |err(dW)|."""
+    if "mag0" in tr:
+        return tr
+    K = len(tr["lo"])
+    for k in range(K):
+        tr[f"mag{k}"] = torch.maximum(tr["lo"][k].abs(), tr["hi"][k].abs())
+    if tr.get("dlo") is not None:
+        tr["dmag"] = torch.maximum(tr["dlo"].abs(), tr["dhi"].abs())
+    st = cb.chain.steps[j]
+    if st.kind == "affine":
+        for k in range(K):
+            tr[f"wmag{k}"] = tr[f"mag{k}"] @ cb.kernels[k].mats[j][2][2]
+        if K == 2 and "dmag" in tr and cb.dW:
+            _, pd, dWerr = cb.dW[j]
+            tr["wmag_d"] = tr["mag0"] @ pd[2] + tr["dmag"] @ cb.kernels[1].mats[j][2][2]
+            tr["wmag_e"] = tr["mag0"] @ dWerr if bool(dWerr.any()) else None
+    return tr
+
+
 def _rows(r: Bounds, idx: torch.Tensor, upto: int, cb: ChainBounds) -> Bounds:
     """The bounds of boxes ``idx`` (with repetition: one row per objective) over steps < upto,
     for back-substitution; the relaxations are computed once on the whole batch and gathered."""
@@ -718,7 +750,7 @@ def _rows(r: Bounds, idx: torch.Tensor, upto: int, cb: ChainBounds) -> Bounds:
         return v
     trace = []
     for j in range(upto):
-        tr = r.trace[j]
+        tr = _mags(cb, r.trace[j], j)
         if cb.chain.steps[j].kind == "relu":
             for k in range(len(tr["lo"])):
                 if f"relax{k}" not in tr:
@@ -842,13 +874,13 @@ def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
     pad = torch.zeros_like(c)
     kern = cb.kernels[k]
     for j in reversed(range(len(cb.chain.steps) if upto is None else upto)):
-        st, tr = cb.chain.steps[j], r.trace[j]
-        lo, hi = tr["lo"][k], tr["hi"][k]
-        amag = torch.maximum(lo.abs(), hi.abs())
+        st, tr = cb.chain.steps[j], _mags(cb, r.trace[j], j)
+        lo = tr["lo"][k]
+        amag = tr[f"mag{k}"]
         if st.kind == "relu":
             key = f"relax{k}"  # fixed once the step's boxes are: computed once per bound()
             if key not in tr:
-                tr[key] = _relu_relax(lo, hi)
+                tr[key] = _relu_relax(lo, tr["hi"][k])
             su, iu, sl = tr[key]
             P, N = Lam.clamp(min=0), Lam.clamp(max=0)
             term = P * _at(iu)
@@ -866,7 +898,7 @@ def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
             if bias is not None:
                 term = term + Lam * _at(bias[0])
             Lnew = Lam @ Wm.T
-            pad = pad + (n + 4) * U64 * (Lam.abs() * _at(amag @ parts[2])).sum(-1)
+            pad = pad + (n + 4) * U64 * (Lam.abs() * _at(tr[f"wmag{k}"])).sum(-1)
         elif st.kind == "shift":
             term = term + Lam * _at(kern.mats[j][0])
             Lnew = Lam
@@ -898,10 +930,9 @@ def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None
     pad = torch.zeros_like(c)
     kt, ki = cb.kernels
     for j in reversed(range(len(cb.chain.steps) if upto is None else upto)):
-        st, tr = cb.chain.steps[j], r.trace[j]
+        st, tr = cb.chain.steps[j], _mags(cb, r.trace[j], j)
         lt, ht, dl, dh = tr["lo"][0], tr["hi"][0], tr["dlo"], tr["dhi"]
-        tmag = torch.maximum(lt.abs(), ht.abs())
-        dmag = torch.maximum(dl.abs(), dh.abs())
+        tmag, dmag = tr["mag0"], tr["dmag"]
         if st.kind == "relu":
             if "relax_d" not in tr:
                 tr["relax_d"] = _drift_relax(lt, ht, tr["lo"][1], tr["hi"][1], dl, dh)
@@ -924,16 +955,16 @@ def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None
             (Wt, _), bt, ptp = kt.mats[j]
             (Wi, _), bi, pip = ki.mats[j]
             dW, pd, dWerr = cb.dW[j]
-            if bool(dWerr.any()):
-                term = term + Ld.abs() * _at(tmag @ dWerr)
+            if tr["wmag_e"] is not None:
+                term = term + Ld.abs() * _at(tr["wmag_e"])
             zero = torch.zeros(Wt.shape[1], dtype=F64, device=Wt.device)
             bmt = bt[0] if bt is not None else zero
             db = (bi[0] if bi is not None else zero) - bmt
             term = term + Lt * _at(bmt) + Ld * _at(db) + Ld.abs() * _at(4 * U64 * db.abs())
             nt = torch.cat([Lt, Ld], -1) @ cb.stacked[j]
             nd = Ld @ Wi.T
-            pad = pad + (n + 4) * U64 * ((Lt.abs() * _at(tmag @ ptp[2])).sum(-1)
-                                         + (Ld.abs() * _at(tmag @ pd[2] + dmag @ pip[2])).sum(-1))
+            pad = pad + (n + 4) * U64 * ((Lt.abs() * _at(tr["wmag0"])).sum(-1)
+                                         + (Ld.abs() * _at(tr["wmag_d"])).sum(-1))
             Lt, Ld = nt, nd
         elif st.kind == "shift":
             cmt, cmi = kt.mats[j][0], ki.mats[j][0]

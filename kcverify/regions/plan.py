@@ -19,7 +19,7 @@ import torch
 
 from kcverify.regions.chain import ChainBounds, NotAChain, extract_chain, one_thread
 from kcverify.regions.property import DriftObjective, EngineObjective
-from kcverify.regions.split import branch_and_bound
+from kcverify.regions.split import branch_and_bound, cut_options
 from kcverify.regions.verify import is_vnnlib_path
 
 DEFAULT_TIMEOUT = 60.0
@@ -127,7 +127,8 @@ def prove_region_query(s: Any, b: Any, q: Any) -> tuple[dict[str, Any] | None, f
                               domain="interval", strict=strict, device=device)
     s.say(f"splitting the box of slice {q.slice!r} ({method}, budget {budget:g}s)")
     with one_thread():
-        out = branch_and_bound(lo, hi, obj, budget_s=budget, batch=BATCH, progress=s.say)
+        out = branch_and_bound(lo, hi, obj, budget_s=budget, batch=BATCH, progress=s.say,
+                               **cut_options(obj, cb is not None))
     s.say(f"split: {out.verdict}, {out.parts_bounded} parts in {out.seconds:.1f}s, "
           f"{out.proved_fraction:.2%} of the volume proved, bound {out.bound:.6g}")
     if out.verdict == "refuted":

@@ -77,6 +77,12 @@ class DriftObjective:
         bad = r.overflow | ~torch.isfinite(mag).all(-1)
         return torch.where(bad[:, None], torch.full_like(mag, math.inf), mag)
 
+    def chooser(self) -> DriftObjective:
+        """This objective on the forward-only domain, without a falsifier: what the split
+        bounds every candidate cut with (branch_and_bound's ``chooser``)."""
+        return DriftObjective(self.cb.forward_only(), self.eps, self.width0, self.strict,
+                              None, self.margin)
+
     def evaluate(self, lo: np.ndarray, hi: np.ndarray, prior: Any = None) -> PartEval:
         co: list = []
         inter: list = []
@@ -191,6 +197,11 @@ class PropertyObjective:
         bad = r.overflow | ~torch.isfinite(low).all(-1)
         low = torch.where(bad[:, None], torch.full_like(low, -math.inf), low)
         return low.cpu().numpy(), bad.cpu().numpy()
+
+    def chooser(self) -> PropertyObjective:
+        """This objective on the forward-only domain, without a falsifier (see
+        DriftObjective.chooser)."""
+        return PropertyObjective(self.cb.forward_only(), self.case, self.width0, self.kernel)
 
     def evaluate(self, lo: np.ndarray, hi: np.ndarray, prior: Any = None) -> PartEval:
         co: list = []

@@ -206,11 +206,62 @@ def widest(lo: np.ndarray, hi: np.ndarray, width0: np.ndarray) -> np.ndarray:
     return np.argmax(rel, axis=1)
 
 
+def _cut_dims(lo: np.ndarray, hi: np.ndarray, hint: np.ndarray, strong: int,
+              min_width: float, width0: np.ndarray) -> list[np.ndarray]:
+    """Per part, the dimensions whose bisection is tried: every cuttable one (width above
+    ``min_width``) when there are at most ``strong`` of them, else the objective's hint (the
+    widest cuttable dimension where the hint cannot be cut); empty for a part that is a point."""
+    w = hi - lo
+    cut = (w > 0) & (w > min_width)
+    out = []
+    for k in range(len(lo)):
+        dims = np.flatnonzero(cut[k])
+        if len(dims) > strong:
+            h = int(hint[k])
+            if not cut[k, h]:
+                rel = np.where(cut[k] & (width0 > 0), w[k] / np.where(width0 > 0, width0, 1.0), -1)
+                h = int(np.argmax(rel))
+            dims = np.array([h])
+        out.append(dims)
+    return out
+
+
+def cut_options(objective: Any, chain: bool) -> dict[str, Any]:
+    """branch_and_bound's cut options for an objective: with the chain domain, strong branching
+    whose candidates are bounded by the forward-only domain (``objective.chooser()``); with the
+    bound engine's domains (models that are not chains) the objective's own choice, one cut."""
+    if chain:
+        return {"strong": 8, "chooser": objective.chooser()}
+    return {"strong": 0, "chooser": None}
+
+
+def _best_cuts(value: np.ndarray, c_par: np.ndarray, n_par: int) -> np.ndarray:
+    """Per parent, the candidate cut (index of its pair of halves) whose worse half has the
+    smallest value, ties broken by the better half; -1 for a parent without candidates."""
+    own = np.asarray(value, dtype=np.float64)
+    own = np.where(np.isnan(own), INF, own)
+    worse = np.maximum(own[0::2], own[1::2])
+    better = np.minimum(own[0::2], own[1::2])
+    out = np.full(n_par, -1)
+    par = c_par[0::2]
+    for k in range(n_par):
+        cand = np.flatnonzero(par == k)
+        if len(cand):
+            out[k] = cand[np.lexsort((better[cand], worse[cand]))[0]]
+    return out
+
+
 def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
                      budget_s: float = 60.0, max_parts: int = 1_000_000, batch: int = 1024,
-                     min_width: float = 0.0,
+                     min_width: float = 0.0, strong: int = 8, chooser: Objective | None = None,
                      progress: Callable[[str], None] | None = None) -> SplitOutcome:
-    """Split the box [lo, hi] (n,) until ``objective`` proves every part (see module doc)."""
+    """Split the box [lo, hi] (n,) until ``objective`` proves every part (see module doc).
+
+    Every open part on the stack has been bounded. A round takes open parts, bounds the two
+    halves of each along every candidate dimension (``strong`` branching: all cuttable
+    dimensions when there are at most ``strong``; else the objective's choice), keeps per part
+    the cut whose worse half has the smaller value, records its proved halves as leaves and
+    pushes the others. About ``batch`` halves are bounded per call."""
     t0 = time.perf_counter()
     lo = np.asarray(lo, dtype=np.float64).reshape(-1)
     hi = np.asarray(hi, dtype=np.float64).reshape(-1)
@@ -220,113 +271,123 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
     width0 = hi - lo
     live = width0 > 0
     vol0 = float(_volume(lo[None], hi[None], live)[0])
-    # the stack of open parts with the certified value of their parent (inf at the root)
-    st_lo, st_hi, st_val = [lo[None]], [hi[None]], [np.array([INF])]
-    st_id = [np.array([0])]
-    st_pay: list[np.ndarray] | None = None  # inherited boxes per open part (once known)
     split_of: dict[int, tuple[int, int, int]] = {}  # node -> (dimension, left, right)
     leaf_of: dict[int, Leaf] = {}
-    next_id = 1
-    leaves: list[Leaf] = []
     proved_vol = 0.0
     bounded = rounds = 0
     stopped = ""
     cex = None
+    next_id = 1
+    # the open parts (bounded, not proved): box, id, value (own met with the parent's),
+    # the objective's split hint and what the part's children inherit
+    op_lo: list[np.ndarray] = []
+    op_hi: list[np.ndarray] = []
+    op_id: list[int] = []
+    op_val: list[float] = []
+    op_hint: list[int] = []
+    op_pay: list[Any] = []
 
-    def pending() -> int:
-        return sum(len(a) for a in st_lo)
+    def take_eval(ev: PartEval, b_lo: np.ndarray, b_hi: np.ndarray, ids: np.ndarray,
+                  parent_val: np.ndarray, rows: np.ndarray) -> None:
+        """Record the bounded parts ``rows`` of ``ev``: proved ones as leaves, the others open."""
+        nonlocal proved_vol
+        own = np.asarray(ev.value, dtype=np.float64)
+        ok = np.asarray(ev.proved, dtype=bool)
+        for r, pid, pv in zip(rows, ids, parent_val):
+            if ok[r]:  # a proved part's value is its own (what a re-check gives)
+                leaf_of[int(pid)] = Leaf(b_lo[r].copy(), b_hi[r].copy(), float(own[r]), True)
+                proved_vol += float(_volume(b_lo[r][None], b_hi[r][None], live)[0])
+                continue
+            op_lo.append(b_lo[r].copy())
+            op_hi.append(b_hi[r].copy())
+            op_id.append(int(pid))
+            op_val.append(float(min(own[r], pv)))
+            op_hint.append(int(np.asarray(ev.split_dim)[r]))
+            op_pay.append(None if ev.inherit is None else np.asarray(ev.inherit[r]))
 
-    while pending():
+    ev = objective.evaluate(lo[None], hi[None], prior=None)
+    bounded, rounds = 1, 1
+    if ev.counterexample is not None:
+        cex, stopped = ev.counterexample, "counterexample"
+        op_lo, op_hi, op_id, op_val, op_hint, op_pay = [lo], [hi], [0], [INF], [0], [None]
+    else:
+        take_eval(ev, lo[None], hi[None], np.array([0]), np.array([INF]), np.array([0]))
+    while op_id and cex is None:
         if time.perf_counter() - t0 > budget_s:
             stopped = "time budget"
             break
         if bounded >= max_parts:
             stopped = "part budget"
             break
-        P_lo, P_hi, P_val, P_id = (np.concatenate(st_lo), np.concatenate(st_hi),
-                                   np.concatenate(st_val), np.concatenate(st_id))
-        take = min(batch, len(P_lo))
-        b_lo, b_hi, b_id = P_lo[-take:], P_hi[-take:], P_id[-take:]  # last in, first out
-        st_lo, st_hi, st_val, st_id = [P_lo[:-take]], [P_hi[:-take]], [P_val[:-take]], \
-            [P_id[:-take]]
-        prior = None
-        if st_pay is not None:
-            P_pay = np.concatenate(st_pay)
-            prior, st_pay = P_pay[-take:], [P_pay[:-take]]
-        ev = objective.evaluate(b_lo, b_hi, prior=prior)
-        bounded += take
-        rounds += 1
-        if ev.counterexample is not None:
-            cex = ev.counterexample
-            stopped = "counterexample"
-            st_lo.append(b_lo)
-            st_hi.append(b_hi)
-            st_val.append(np.full(take, INF))
-            st_id.append(b_id)
-            if st_pay is not None and prior is not None:
-                st_pay.append(prior)
-            break
-        own = np.asarray(ev.value, dtype=np.float64)
-        val = np.minimum(own, P_val[-take:])
-        ok = np.asarray(ev.proved, dtype=bool)
-        for k in np.flatnonzero(ok):  # a proved part's value is its own (what a re-check gives)
-            leaf = Leaf(b_lo[k].copy(), b_hi[k].copy(), float(own[k]), True)
-            leaves.append(leaf)
-            leaf_of[int(b_id[k])] = leaf
-        proved_vol += float(_volume(b_lo[ok], b_hi[ok], live).sum()) if ok.any() else 0.0
-        o_lo, o_hi, o_val, o_id = b_lo[~ok], b_hi[~ok], val[~ok], b_id[~ok]
-        o_pay = None if ev.inherit is None else np.asarray(ev.inherit)[~ok]
-        if len(o_lo) == 0:
-            continue
-        d = np.asarray(ev.split_dim, dtype=np.int64)[~ok]
-        w = o_hi[np.arange(len(d)), d] - o_lo[np.arange(len(d)), d]
-        thin = w <= max(min_width, 0.0)
-        if thin.any():  # the chosen dimension cannot be cut: the widest one instead
-            d[thin] = widest(o_lo[thin], o_hi[thin], width0)
-            w = o_hi[np.arange(len(d)), d] - o_lo[np.arange(len(d)), d]
-        stuck = ~(w > 0) | (w <= min_width)
-        if stuck.any():  # nothing left to cut (a point): these parts stay open
-            for k in np.flatnonzero(stuck):
-                leaf = Leaf(o_lo[k].copy(), o_hi[k].copy(), float(o_val[k]), False)
-                leaves.append(leaf)
-                leaf_of[int(o_id[k])] = leaf
-            keep = ~stuck
-            o_lo, o_hi, o_val, o_id, d = o_lo[keep], o_hi[keep], o_val[keep], o_id[keep], d[keep]
-            o_pay = None if o_pay is None else o_pay[keep]
-            if not len(d):
+        # last in, first out: parents whose candidate halves fill about one batch
+        P_lo, P_hi = np.array(op_lo[-batch:]), np.array(op_hi[-batch:])
+        dims_all = _cut_dims(P_lo, P_hi, np.array(op_hint[-batch:]), strong, min_width, width0)
+        n_par, n_child = 0, 0
+        for k in range(len(dims_all) - 1, -1, -1):
+            if n_par and n_child + 2 * len(dims_all[k]) > batch:
+                break
+            n_par += 1
+            n_child += 2 * len(dims_all[k])
+        sel = slice(len(op_id) - n_par, len(op_id))
+        par_lo, par_hi = P_lo[len(P_lo) - n_par:], P_hi[len(P_hi) - n_par:]
+        par_dims = dims_all[len(dims_all) - n_par:]
+        par_id, par_val, par_pay = op_id[sel], op_val[sel], op_pay[sel]
+        del op_lo[sel], op_hi[sel], op_id[sel], op_val[sel], op_hint[sel], op_pay[sel]
+        c_lo, c_hi, c_par, c_dim, c_pay = [], [], [], [], []
+        for k in range(n_par):
+            dims = par_dims[k]
+            if not len(dims):  # nothing left to cut (a point): this part stays open
+                leaf_of[par_id[k]] = Leaf(par_lo[k].copy(), par_hi[k].copy(), par_val[k], False)
                 continue
-        mid, idx = bisect(o_lo, o_hi, d)
-        left_hi = o_hi.copy()
-        left_hi[idx, d] = mid
-        right_lo = o_lo.copy()
-        right_lo[idx, d] = mid
-        left_id = np.arange(next_id, next_id + len(d))
-        right_id = left_id + len(d)
-        next_id += 2 * len(d)
-        for k in range(len(d)):
-            split_of[int(o_id[k])] = (int(d[k]), int(left_id[k]), int(right_id[k]))
-        st_lo.append(np.concatenate([o_lo, right_lo]))
-        st_hi.append(np.concatenate([left_hi, o_hi]))
-        st_val.append(np.concatenate([o_val, o_val]))
-        st_id.append(np.concatenate([left_id, right_id]))
-        if o_pay is not None:
-            if st_pay is None:  # the first payload: everything before it inherits nothing
-                st_pay = [np.full((sum(len(a) for a in st_lo) - 2 * len(d), *o_pay.shape[1:]),
-                                  np.nan)]
-                st_pay[0][..., 0::2, :] = -INF
-                st_pay[0][..., 1::2, :] = INF
-            st_pay.append(np.concatenate([o_pay, o_pay]))
+            mids, _ = bisect(np.repeat(par_lo[k][None], len(dims), 0),
+                             np.repeat(par_hi[k][None], len(dims), 0), dims)
+            for d, m in zip(dims, mids):
+                left_hi, right_lo = par_hi[k].copy(), par_lo[k].copy()
+                left_hi[d] = right_lo[d] = m
+                c_lo += [par_lo[k], right_lo]
+                c_hi += [left_hi, par_hi[k]]
+                c_par += [k, k]
+                c_dim += [int(d), int(d)]
+                c_pay += [par_pay[k], par_pay[k]]
+        if not c_lo:
+            continue
+        C_lo, C_hi = np.array(c_lo), np.array(c_hi)
+        prior = None if any(p is None for p in c_pay) else np.stack(c_pay)
+        rounds += 1
+        c_par_a, c_dim_a = np.array(c_par), np.array(c_dim)
+        if chooser is not None and len(C_lo) > 2 * n_par:  # cheap bounds pick the cut
+            pick = _best_cuts(chooser.evaluate(C_lo, C_hi, prior=prior).value, c_par_a, n_par)
+            rows = np.sort(np.concatenate([2 * pick, 2 * pick + 1]))
+            C_lo, C_hi, c_par_a, c_dim_a = C_lo[rows], C_hi[rows], c_par_a[rows], c_dim_a[rows]
+            prior = None if prior is None else prior[rows]
+        ev = objective.evaluate(C_lo, C_hi, prior=prior)
+        bounded += len(C_lo)
+        if ev.counterexample is not None:
+            cex, stopped = ev.counterexample, "counterexample"
+            for k in range(n_par):  # the parents stay open
+                op_lo.append(par_lo[k])
+                op_hi.append(par_hi[k])
+                op_id.append(par_id[k])
+                op_val.append(par_val[k])
+                op_hint.append(0)
+                op_pay.append(None)
+            break
+        for k, best in enumerate(_best_cuts(ev.value, c_par_a, n_par)):
+            if best < 0:
+                continue
+            d = int(c_dim_a[2 * best])
+            left, right = next_id, next_id + 1
+            next_id += 2
+            split_of[par_id[k]] = (d, left, right)
+            take_eval(ev, C_lo, C_hi, np.array([left, right]),
+                      np.array([par_val[k], par_val[k]]), np.array([2 * best, 2 * best + 1]))
         if progress is not None and rounds % 20 == 0:
-            progress(f"split: {bounded} parts bounded, {pending()} open, "
+            progress(f"split: {bounded} parts bounded, {len(op_id)} open, "
                      f"{proved_vol / vol0 if vol0 else 0:.1%} of the volume proved")
-    P_lo, P_hi, P_val, P_id = (np.concatenate(st_lo), np.concatenate(st_hi),
-                               np.concatenate(st_val), np.concatenate(st_id))
-    for k in range(len(P_lo)):
-        leaf = Leaf(P_lo[k].copy(), P_hi[k].copy(), float(P_val[k]), False)
-        leaves.append(leaf)
-        leaf_of[int(P_id[k])] = leaf
+    for k in range(len(op_id)):
+        leaf_of[op_id[k]] = Leaf(op_lo[k], op_hi[k], op_val[k], False)
     tree: list[int] = []
-    ordered: list[Leaf] = []
+    leaves: list[Leaf] = []
     todo = [0]
     while todo:  # preorder: the certificate's partition record
         node = todo.pop()
@@ -336,8 +397,7 @@ def branch_and_bound(lo: np.ndarray, hi: np.ndarray, objective: Objective,
             todo += [right, left]
         else:
             tree.append(-1)
-            ordered.append(leaf_of[node])
-    leaves = ordered
+            leaves.append(leaf_of[node])
     all_proved = cex is None and all(lf.proved for lf in leaves)
     verdict = "refuted" if cex is not None else ("proved" if all_proved else "unknown")
     bound = max((lf.value for lf in leaves), default=INF)

@@ -40,7 +40,7 @@ from kcverify.regions.falsify import (
     pgd_candidates,
 )
 from kcverify.regions.property import AtomTable, EngineObjective, PropertyObjective
-from kcverify.regions.split import branch_and_bound
+from kcverify.regions.split import branch_and_bound, cut_options
 
 ANSWERS = ("unsat", "sat", "unknown", "timeout")
 
@@ -159,7 +159,7 @@ def _verify(model: str | os.PathLike[str] | Any, prop: VnnProperty, spec: Any, t
             obj = EngineObjective(graph, spec, spec, name, feat, hi - lo, case=case,
                                   domain="interval", device=device)
         res = branch_and_bound(lo, hi, obj, budget_s=max(left(), 0.0), batch=batch,
-                               progress=progress)
+                               progress=progress, **cut_options(obj, cb is not None))
         parts += res.parts_bounded
         fraction.append(res.proved_fraction)
         if res.verdict == "refuted":

@@ -15,6 +15,9 @@ Classes (a pair = one input row checked against one (training, inference) progra
   every kind (but the combinations an open finding of test_findings.py pins down);
 * ``campaign/model/<name>``: the token models and the encoder layer (both exporters), domain
   best, a few pairs (each costs a forward pass per program);
+* ``campaign/conv/<geometry>/<spec>``: test_conv.py's convolutions (strides, pads, SAME_*,
+  dilations, 1-D, windows that skip elements) under every Conv-compatible spec, batches of every
+  input kind in interval and linear, two rows in best, L-inf boxes (linear, best);
 * ``campaign/fp8/<model>/<spec>``: fp8 activations on every shipped model and the encoder
   layer: examples/contracts/fp8-deploy.yaml's inference kernel, its ``rounding: any`` variant,
   the same on Hopper FP8 tensor cores (``mma: sm90_fp8, promote: 128``) and per-token e4m3
@@ -37,7 +40,7 @@ from kcverify.errors import BoundError, InternalError
 from tests.soundness.adversarial.attacks import SPECS, box_points, pairs
 from tests.soundness.adversarial.harness import TRAIN, Ledger, attack, graph_of, spec
 from tests.soundness.adversarial.interp import ProgramRunner
-from tests.soundness.adversarial.rulecases import CASES, feeds_for, open_finding
+from tests.soundness.adversarial.rulecases import CASES, conv_spec, feeds_for, open_finding
 from tests.soundness.adversarial.subjects import encoder_layer, shipped
 
 MLP_SPECS = ("fp8_token_fp32", "fp8_tensor_bf16", "e5m2_any_fp16", "fp8_static_block",
@@ -112,6 +115,8 @@ def rules(led: Ledger, scale: float, seed: int, log: Callable[[str], None]) -> N
     for case in CASES:
         for sp_name in RULE_SPECS:
             for k, kind in enumerate(case.kinds):
+                if case.extra.get("conv") and not conv_spec(SPECS[sp_name]):
+                    continue  # a cast a convolution does not define (refused by the rule)
                 if open_finding(case, sp_name, kind):
                     log(f"rule {case.id} {sp_name} {kind}: skipped, open finding "
                         f"{open_finding(case, sp_name, kind)}")
@@ -224,6 +229,44 @@ def fp8_models(led: Ledger, scale: float, seed: int, log: Callable[[str], None])
             log(f"fp8 encoder layer {exporter} {sp_name}: {_line(led, cls)}")
 
 
+def convs(led: Ledger, scale: float, seed: int, log: Callable[[str], None]) -> None:
+    """Conv (test_conv.py's geometries x specs): batches of every input kind in interval and
+    linear, two rows in best, and L-inf boxes (linear, best) at their corners and inside."""
+    from tests.soundness.adversarial.test_conv import CONV_SPECS, GEOMS, conv_case
+
+    n = max(2, int(64 * scale))
+    for name in GEOMS:
+        case = conv_case(name)
+        run = ProgramRunner(case.model)
+        g = graph_of(case.model)
+        for sp_name, sp in CONV_SPECS.items():
+            cls = f"campaign/conv/{name}/{sp_name}"
+            for k, kind in enumerate(("normal", "midpoint", "saturate", "tiny", "large")):
+                rng = np.random.default_rng([seed, k, len(name), len(sp_name)])
+                feeds = feeds_for(case, kind, sp, rng, batch=n)
+                for domain, rows in (("interval", n), ("linear", n), ("best", 2)):
+                    _check_batch(led, cls, case.model, sp, {"x": feeds["x"][:rows]}, 4,
+                                 seed + k, domain)
+            rng = np.random.default_rng([seed, len(name), len(sp_name)])
+            x = feeds_for(case, "midpoint", sp, rng, batch=2)["x"]
+            for domain in ("linear", "best"):
+                try:
+                    with np.errstate(all="ignore"):
+                        res = certify_drift(g, TRAIN, sp, {"x": x}, domain=domain,
+                                            region=Region("input", "linf", 0.02)).outputs
+                except (InternalError, BoundError) as e:
+                    led[cls].errors.append(f"{cls} ({domain}, box): {type(e).__name__}: {e}")
+                    continue
+                for pt in box_points(rng, x, 0.02, 4):
+                    for p_t, p_i in pairs(TRAIN, sp, 3, seed, per_sample="axis0"):
+                        with np.errstate(all="ignore"):
+                            yt, yi = run(p_t, {"x": pt}), run(p_i, {"x": pt})
+                        for out, box in res.items():
+                            led.check(cls, box, yt[out], yi[out],
+                                      f"{cls} box {domain}: {p_t} | {p_i}")
+            log(f"conv {name} {sp_name}: {_line(led, cls)}")
+
+
 def _line(led: Ledger, cls: str) -> str:
     """One class's running figures (a campaign cut short still says what it found)."""
     st = led[cls]
@@ -237,7 +280,7 @@ def led_total(led: Ledger, prefix: str) -> int:
 
 
 PARTS = {"mlp": mlp_points, "regions": mlp_regions, "rules": rules, "models": transformers,
-         "fp8": fp8_models}
+         "fp8": fp8_models, "conv": convs}
 # the 10^6-pair campaign's parts (fp8: whole models with fp8 activations, its own test and
 # bench run: python bench/adversarial.py --parts fp8)
 DEFAULT_PARTS = ("mlp", "regions", "rules", "models")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import re
 import shutil
 import sys
@@ -40,6 +41,13 @@ def data_dir() -> Path:
 def nets(arg: str | None) -> list[str]:
     all_ = [f"{a}_{b}" for a in range(1, 6) for b in range(1, 10)]
     return all_ if not arg else [n for n in arg.split(",") if n]
+
+
+def load() -> str:
+    """The machine's load average (1, 5, 15 min) and cores: the CPU seconds are the steadier
+    figure where the load is above the cores."""
+    a, b, c = os.getloadavg()
+    return f"load average {a:.1f} {b:.1f} {c:.1f} on {os.cpu_count()} cores"
 
 
 def neurodiff(args: argparse.Namespace) -> int:
@@ -74,7 +82,7 @@ def neurodiff(args: argparse.Namespace) -> int:
                 cpu += dc
                 proved += ok
         print(f"proved {proved}/{len(nets(args.nets))} at eps = {eps} in {total:.0f}s total "
-              f"({cpu:.0f} CPU seconds)")
+              f"({cpu:.0f} CPU seconds); {load()}")
     return 0
 
 
@@ -116,7 +124,7 @@ def vnncomp(args: argparse.Namespace) -> int:
     n = len(picked)
     print(f"\n{n} instances: decided {counts['decided']} (wrong {counts['wrong']}), unknown "
           f"{counts['unknown']}, timeout {counts['timeout']}; total {total:.0f}s "
-          f"(timeout {args.timeout:g}s each)")
+          f"(timeout {args.timeout:g}s each); {load()}")
     return 1 if counts["wrong"] else 0
 
 

@@ -34,6 +34,9 @@ transformations, so every rounding below is a single correct rounding):
 * ``reduce_sum(node, x, dims)``: the row sums inside Softmax, LayerNormalization and ReduceSum
   (the executor's OpContext.row_sum) are accumulated like a dot product's terms, in the
   accumulator format in the realization's order, then stored in the compute format ("reduce").
+  With ``moments`` other than "sums" (a spec that admits them), a LayerNormalization's mean and
+  variance come from a Welford / Chan tree instead (``welford_moments``: torch's, chunked or
+  balanced); ``random_realization`` draws the tree from its seed.
 * ``round(node, primitive, value)`` (every other op's result) rounds to the compute format: to
   nearest, or with ``rounding`` up / down / random to the largest / smallest / either grid point
   within ulps(primitive) * u * |value| of the value (never beyond what the spec admits; nearest
@@ -105,13 +108,21 @@ class Realization:
 
     def __init__(self, spec: KernelSpec, seed: int = 0, order: str = "sequential",
                  chunk: int | None = None, rounding: str = "nearest", native: bool = True,
-                 sample_axes: Mapping[str, Any] | None = None, split: int | None = None) -> None:
+                 sample_axes: Mapping[str, Any] | None = None, split: int | None = None,
+                 moments: str = "sums") -> None:
         if order not in ORDERS:
             raise KernelSpecError(f"unknown accumulation order {order!r}; expected one of {', '.join(ORDERS)}")
         if rounding not in ROUNDINGS:
             raise KernelSpecError(f"unknown rounding {rounding!r}; expected one of {', '.join(ROUNDINGS)}")
         if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
             raise KernelSpecError(f"chunk must be a positive integer, not {chunk!r}")
+        if moments not in MOMENT_TREES:
+            raise KernelSpecError(f"unknown moments tree {moments!r}; expected one of "
+                                  f"{', '.join(MOMENT_TREES)}")
+        if moments != "sums" and spec.moments == "sums":
+            raise KernelSpecError(f"moments tree {moments!r}: the spec admits two-pass sums only")
+        self.moments = moments  # LayerNorm's moments: two-pass sums or a Welford / Chan tree
+        self._ln_var: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
         self.spec = spec
         self.seed = int(seed)
         self.order = order
@@ -146,7 +157,8 @@ class Realization:
 
     def __repr__(self) -> str:
         return (f"Realization({self.spec.name!r}, seed={self.seed}, order={self.order!r}, "
-                f"chunk={self.chunk}, rounding={self.rounding!r}, split={self.split})")
+                f"chunk={self.chunk}, rounding={self.rounding!r}, split={self.split}"
+                + (f", moments={self.moments!r})" if self.moments != "sums" else ")"))
 
     # --- operands ------------------------------------------------------------------------
     def _operand(self, node: Node, idx: int, x: torch.Tensor, role: str, side: str) -> _Operand:
@@ -282,12 +294,31 @@ class Realization:
         v = x.to(_F64).permute(*rest, *ds) if nd else x.to(_F64).reshape(1)
         lead = [x.shape[d] for d in rest]
         t = v.reshape(*lead, -1)
+        if self.moments != "sums" and node.op_type == "LayerNormalization":
+            out = self._welford_sum(node, t, tuple(ds))
+            if keepdim:
+                out = out.reshape([1 if d in ds else x.shape[d] for d in range(nd)])
+            return out.to(x.dtype)
         gen = _seeded(self.seed, node.name, "row-sum", ",".join(map(str, ds)))
         out = self._accumulate(t, {}, gen)
         if keepdim:
             shape = [1 if d in ds else x.shape[d] for d in range(nd)]
             out = out.reshape(shape)
         return self.round(node, "reduce", out).to(x.dtype)
+
+    def _welford_sum(self, node: Node, t: torch.Tensor, ds: tuple[int, ...]) -> torch.Tensor:
+        """LayerNormalization's two row sums under a Welford / Chan tree (``moments``): the first
+        call (the row of x) returns n mu~ and keeps var~ = fl(M / n); the second (the squares,
+        ignored) returns n var~. Both are exact in float64, so the op's divisions by n give mu~
+        and var~ back, which it then stores (round "div"), as the family says."""
+        n = t.shape[-1]
+        key = (node.name, ds)
+        if key in self._ln_var:
+            return self._ln_var.pop(key) * n
+        acc = self.spec.accumulate
+        mu, m2 = welford_moments(t, acc, self.moments)
+        self._ln_var[key] = round_to_format(m2 / n, acc)
+        return mu * n
 
     def graph_input(self, name: str, value: torch.Tensor) -> torch.Tensor:
         if not value.is_floating_point():
@@ -622,6 +653,85 @@ def point_matmul(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor, a_weight: b
     return r.matmul(node, a.to(_F64), b.to(_F64), *roles).to(_F64)
 
 
+MOMENT_TREES = ("sums", "torch", "chunks", "pairwise")
+
+
+def welford_moments(t: torch.Tensor, fmt: Format, tree: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, M2) of each row of ``t`` (float64, (..., n)) by a Welford / Chan tree of the
+    ``moments: any`` family (kernels/spec.py; docs/bounds.md "LayerNorm moments"), every
+    operation rounded to nearest in ``fmt`` (float64 results of one operation on ``fmt`` values
+    rounded once more are correctly rounded: 53 >= 2 p + 2). ``tree``: "torch" (RowwiseMoments of
+    torch's x86 build: 8 lanes, Welford chains of 16 with the mean update fused, a binary
+    cascade, the stack drained, a scalar tail, the lanes merged into it one by one), "chunks"
+    (Welford chains of 16 merged pairwise) or "pairwise" (a balanced Chan tree)."""
+    def r(v: torch.Tensor) -> torch.Tensor:
+        return round_to_format(v, fmt)
+
+    def fma(a, b, c):  # a, b in fmt: a * b is exact in float64 (fmt has <= 26 bits)
+        return add_nearest(a * b, c, fmt) if fmt.u >= 2.0**-26 else r(r(a * b) + c)
+
+    def merge(na, ma, sa, nb, mb, sb, fused=False):  # (nb, mb, sb) added into the accumulator a
+        n = na + nb
+        if na == 0:
+            return nb, mb, sb
+        d = r(mb - ma)
+        c = r(torch.tensor(nb / n, dtype=_F64))
+        if fused:
+            return n, fma(c, d, ma), r(sa + fma(r(r(d * d) * c), torch.tensor(float(na), dtype=_F64), sb))
+        return n, r(ma + r(c * d)), r(sa + r(sb + r(r(r(d * d) * c) * na)))
+
+    def chain(cols: list[torch.Tensor], fused: bool):
+        z = torch.zeros_like(cols[0])
+        mu, m2 = z, z
+        for k, x in enumerate(cols, start=1):
+            d = r(x - mu)
+            c = r(torch.tensor(1.0 / k, dtype=_F64))
+            mu = fma(d, c, mu) if fused else r(mu + r(d * c))
+            m2 = r(m2 + r(d * r(x - mu)))
+        return len(cols), mu, m2
+
+    def cascade(parts: list) -> tuple:
+        while len(parts) > 1:
+            parts = [merge(*parts[i], *parts[i + 1]) if i + 1 < len(parts) else parts[i]
+                     for i in range(0, len(parts), 2)]
+        return parts[0]
+
+    n = t.shape[-1]
+    if tree == "pairwise":
+        return cascade([(1, t[..., j], torch.zeros_like(t[..., j])) for j in range(n)])[1:]
+    if tree == "chunks":
+        return cascade([chain([t[..., j] for j in range(k, min(n, k + 16))], False)
+                        for k in range(0, n, 16)])[1:]
+    if tree != "torch":
+        raise KernelSpecError(f"unknown moments tree {tree!r}")
+    lanes, nv = 8, n // 8
+    m = -(-nv // 16)
+    depth = max(math.ceil(math.log2(m)), 1) if m > 0 else 1
+    zero = torch.zeros(*t.shape[:-1], lanes, dtype=_F64)
+    stk = [(0, zero, zero) for _ in range(depth)]
+    for i in range(m):
+        cols = [t[..., (i * 16 + j) * lanes:(i * 16 + j + 1) * lanes]
+                for j in range(min(16, nv - i * 16))]
+        stk[0] = merge(*stk[0], *chain(cols, True), fused=True)
+        mask, j = i + 1, 1
+        while j < depth and (mask & 1) == 0:
+            stk[j] = merge(*stk[j], *stk[j - 1], fused=True)
+            stk[j - 1] = (0, zero, zero)
+            mask >>= 1
+            j += 1
+    for i in range(1, depth):
+        stk[0] = merge(*stk[0], *stk[i], fused=True)
+    cnt, mu, m2 = 0, torch.zeros_like(t[..., 0]), torch.zeros_like(t[..., 0])
+    for i in range(nv * lanes, n):  # the scalar tail: m1 += delta / m0
+        cnt += 1
+        d = r(t[..., i] - mu)
+        mu = r(mu + r(d / cnt))
+        m2 = r(m2 + r(d * r(t[..., i] - mu)))
+    for ln in range(lanes):
+        cnt, mu, m2 = merge(cnt, mu, m2, nv, stk[0][1][..., ln], stk[0][2][..., ln], fused=True)
+    return mu, m2
+
+
 def random_realization(spec: KernelSpec, rng: _random.Random | np.random.Generator | int) -> Realization:
     """A random conforming program: order, chunk size, rounding and seed drawn from ``rng``."""
     if isinstance(rng, int):
@@ -632,8 +742,12 @@ def random_realization(spec: KernelSpec, rng: _random.Random | np.random.Generat
     else:
         pick = rng.choice
         seed = rng.randrange(1 << 31)
+    moments = "sums"
+    if spec.moments != "sums":  # drawn from the seed, so the rng's sequence stays as it was
+        moments = MOMENT_TREES[int(torch.randint(len(MOMENT_TREES), (1,),
+                                                 generator=_seeded(seed, "moments")))]
     return Realization(spec, seed=seed, order=pick(ORDERS), chunk=pick([1, 2, 4, 8, 16, 32, 64]),
-                       rounding=pick(ROUNDINGS))
+                       rounding=pick(ROUNDINGS), moments=moments)
 
 
 def explicit_cast_spec(spec: KernelSpec) -> KernelSpec:

@@ -196,3 +196,76 @@ def test_explicit_sums_keeps_the_old_certificate_digests(tmp_path) -> None:
         "kernel:inf": "88e69b35a6a41f0c2d65f79c812caa68eb38a8c7b4f2babbabf263d0d49c68bf",
         "kernel:train": "5cfbbedc93cf740093def4c31809b408c93a6627ea578bbbc50a841027f7d392"}
     assert main(["check", cert, model, str(contract)]) == 0
+
+
+def test_realizer_runs_the_family() -> None:
+    """kernels/realize.py realizes LayerNorm moments by Welford / Chan trees (``moments``):
+    torch's tree gives torch's own mean through the whole op, every tree under every rounding
+    lies inside the default interval, a two-pass-only spec refuses them, and
+    ``random_realization`` draws them only where the spec admits them."""
+    from kcverify.kernels.realize import (
+        MOMENT_TREES,
+        Realization,
+        random_realization,
+        run_kernel,
+    )
+
+    n = 100
+    g, g2 = (graph_of(node_model("LayerNormalization",
+                                 [("x", (8, n)), ("g", np.ones(n, np.float32)),
+                                  ("b", np.zeros(n, np.float32))],
+                                 {"axis": -1, "epsilon": EPS}, opset=17, n_out=k))
+             for k in (1, 2))
+    rng = np.random.default_rng(7)
+    x = _rows(rng, n, 1e4, 0.5)
+    _, mean_t, _ = torch.native_layer_norm(torch.from_numpy(x), (n,), None, None, EPS)
+    mean_r = run_kernel(g2, DEFAULT, {"x": x}, moments="torch")["y1"].numpy().ravel()
+    if np.array_equal(wp.torch_rowwise(x, 8)[0], mean_t.numpy().ravel()):
+        assert np.array_equal(mean_r.astype(np.float32), mean_t.numpy().ravel())
+    box = certify_drift(g, DEFAULT, DEFAULT, {"x": x}, domain="interval").outputs["y0"]
+    for tree in MOMENT_TREES:
+        for rounding in ("nearest", "up", "down"):
+            y = run_kernel(g, DEFAULT, {"x": x}, moments=tree, rounding=rounding)["y0"].numpy()
+            assert np.all(box.train_lo <= y) and np.all(y <= box.train_hi), (tree, rounding)
+    with pytest.raises(KernelSpecError, match="two-pass sums only"):
+        Realization(SUMS, moments="torch")
+    drawn = {random_realization(DEFAULT, s).moments for s in range(40)}
+    assert drawn == set(MOMENT_TREES)
+    assert {random_realization(SUMS, s).moments for s in range(10)} == {"sums"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tiny_encoder", "tiny_decoder"])
+def test_models_with_welford_layernorms(name: str) -> None:
+    """Whole transformers whose LayerNorms take their moments from each Welford / Chan tree
+    (training and inference programs, directed roundings): every block, bounded from the
+    realized inputs by the interval domain (sharp at points), holds both programs."""
+    from pathlib import Path
+
+    from kcverify.bounds import DiffBox, blocks_of, bound_block
+    from kcverify.models.ir import load_onnx
+    from tests.soundness._helpers import Stats, _Safe, check_contains, run
+
+    root = Path(__file__).resolve().parents[2]
+    g = load_onnx(root / "models" / f"{name}.onnx")
+    inf = parse_kernel_spec("inf", {"weights": {"format": "fp8_e4m3", "scale": "per_channel"},
+                                    "accumulate": "fp32", "compute": "fp32"})
+    feeds = {g.inputs[0].name: np.random.default_rng(11).integers(0, 256, size=(1, 8))}
+    stats = Stats()
+    pairs = [("torch", "chunks", "up"), ("pairwise", "torch", "down"), ("chunks", "sums", "nearest")]
+    for k, (mt, mi, rounding) in enumerate(pairs):
+        rt = _Safe(DEFAULT, seed=k, order="pairwise", rounding=rounding, moments=mt)
+        ri = _Safe(inf, seed=k + 9, order="sequential", rounding=rounding, moments=mi)
+        vt, vi = run(g, rt, feeds, keep=True), run(g, ri, feeds, keep=True)
+        for b in blocks_of(g):
+            if not any(nd.op_type == "LayerNormalization" for nd in b.graph.nodes):
+                continue
+            ins = {}
+            for nm in b.inputs:
+                t, i = vt[nm].double().numpy(), vi[nm].double().numpy()
+                d = np.where(np.isfinite(t) & np.isfinite(i), i - t, 0.0)
+                ins[nm] = DiffBox(t, t.copy(), i, i.copy(), d, d.copy())
+            for nm, box in bound_block(b, DEFAULT, inf, ins, "interval").items():
+                check_contains(stats, box, vt[nm].numpy(), vi[nm].numpy(), f"{name}/{b.name}/{nm}/{mt}-{mi}")
+    print(f"\n{name}: {stats.report()}")
+    assert stats.pairs and not stats.violations, "\n".join(stats.violations[:5])

@@ -164,7 +164,8 @@ def _mean_errors(spec: KernelSpec, lo: torch.Tensor, hi: torch.Tensor
     ell = w.d * (au * (s_abs / n + w.s_max + w.k_d * big) + acc.eta)
     share_b = torch.minimum(w.d * big, math.sqrt(n * w.d) / (1 - au) * sig_x + n * acc.eta)
     e_tree = pad_hi((ell + w.k_d * share_b + 2 * w.d * acc.eta) * (1 + 1e-9))
-    e_tree = e_tree + spec.ulp("reduce") * u * (m_x + e_tree) * 1.01 + eta
+    # the root's mean stored in the compute format (ulps "reduce" and "div", as a row sum's is)
+    e_tree = e_tree + (store - 1) * (m_x + e_tree) * 1.01 + 2 * eta
     return e_sums, e_tree, k_sum, a_sum
 
 

@@ -20,7 +20,8 @@ and the realizer: the same order):
   (n_a, mu_a, M_a) and (n_b, mu_b, M_b) by delta~ = fl(mu_b - mu_a), mu_v = fl(mu_a + fl(c~
   delta~)) (or fused, or delta~ / n_v), c~ within (1 + u)^3 of n_b / n_v, and M_v = M_a + M_b +
   delta~^2 c~ n_a (Chan, <= 7 relative roundings in the term, two in the sum) or, for n_b = 1,
-  M_a + delta~ fl(x - mu_v) (Welford). Proof (docs/bounds.md, "LayerNorm moments"): every
+  M_a + delta~ fl(x - mu_v) (Welford); mu~ and var~ = fl(M / n) stored with ulps("reduce") and
+  ulps("div"). Proof (docs/bounds.md, "LayerNorm moments"): every
   rounding of a mean is an exact shift of part of the row (delta~'s of subtree b, the rest of
   the whole subtree), so the root holds the exact moments of x + s plus the M-only roundings T;
   |s_j| <= s_max (a path of <= D' nodes, ``welford_shifts``), |mu~ - mu| = |mean(s)|

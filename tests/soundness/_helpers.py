@@ -66,7 +66,8 @@ class _Safe(Realization):
 
 
 def _safe(r: Realization) -> Realization:
-    return _Safe(r.spec, seed=r.seed, order=r.order, chunk=r.chunk, rounding=r.rounding)
+    return _Safe(r.spec, seed=r.seed, order=r.order, chunk=r.chunk, rounding=r.rounding,
+                 moments=r.moments)
 
 
 def realizations(spec: KernelSpec, n: int, seed: int) -> list[Realization]:
@@ -74,7 +75,8 @@ def realizations(spec: KernelSpec, n: int, seed: int) -> list[Realization]:
     out = [Realization(spec, seed=seed, order="pairwise", rounding="up"),
            Realization(spec, seed=seed + 1, order="chunked", chunk=16, rounding="down"),
            Realization(spec, seed=seed + 2, order="sequential", rounding="nearest"),
-           Realization(spec, seed=seed + 3, order="reverse", rounding="random")]
+           Realization(spec, seed=seed + 3, order="reverse", rounding="random",
+                       moments="sums" if spec.moments == "sums" else "torch")]
     rng = random.Random(seed)
     while len(out) < n:
         out.append(random_realization(spec, rng))

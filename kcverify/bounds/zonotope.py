@@ -32,13 +32,60 @@ of the stored in_state alone and the checker's re-run derives the same forms.
 The verifier's own arithmetic: every form operation adds its float64 rounding error to ``r``
 (``fp_err``: a few units of 2^-53 times |c| + sum |G| per elementwise op, (n + 4) 2^-53 |A||B| for
 dot products), and concretizations are rounded outward.
+
+Position-local symbols (issue 14). A rounding symbol created at one position of a sequence
+touches only that position until attention mixes positions, yet a dense row spans the whole
+tensor (seq times the entries). A form therefore has two parts:
+
+    x = c + sum_s Gd[s] eps_{idsd[s]} + sum_j L[j] * eps_{lb[j] + P} + [-r, r],
+
+a dense part (``Gd``, ``idsd``: symbols that may touch several positions) and a local part:
+``L`` (kinds, *shape), one row per symbol *kind*, ``lb`` the kinds' base ids and ``P`` (shape,
+int64) each element's position, so element e carries L[j, e] eps_{lb[j] + P[e]}: kind j at
+position t is the symbol lb[j] + t, a different symbol at each position (a kind reserves the id
+range lb[j] .. lb[j] + T - 1 from the tracker's counter, so no id is ever reused).
+``local_to_dense`` writes the local part as dense rows (row lb[j] + t = L[j] where P == t);
+``Form.G`` / ``ids`` / ``k`` are that dense writing, and ``dense()`` the dense form.
+
+*Where P comes from.* New local symbols (``fresh``: one per element; ``row_symbols``: one per
+row of a normalisation) use the form's P, or, on a form without a local part, the rows: every
+index of the axes before the last is a position (a (batch, seq, d) tensor: batch x seq
+positions). A group of elements sharing one new symbol must lie at one position (checked), and
+the groups of one position get kinds 0, 1, ..: so every new symbol is distinct. Soundness never
+depends on which P is chosen (any P is a valid naming of distinct symbols); P decides only which
+ops can keep the part local. Movement ops (Reshape, Transpose, Slice, Gather, Expand, ...: exact
+copies of elements) apply the same map to P as to c, r and every row (``_moved``), so a copied
+element keeps its position and hence its symbols.
+
+*Rules.* Elementwise ops of one form (scale, shift, smooth functions, Relu, Neg, the kernel's
+error in r) act on L as on Gd, P unchanged (broadcast with the result). Two forms (Add, Sub,
+Mul, Div by a form): their local parts are added kind by kind when their P agree (after
+broadcasting; kinds paired by base id), otherwise one is written densely first; and a form one
+of whose local symbols the other holds densely is written densely too, so that a symbol's
+coefficients always meet in one row (kept in two parts, a bound adds their magnitudes: sound but
+loses the cancellation). MatMul with a constant (and LayerNorm's sums over the last axis): local
+when P is constant along the contracted / summed axis (the output element's position is then
+its row's), else the form is made dense first. Everything that mixes positions (a product of two
+forms: attention's QK^T and AV; Softmax, Concat, Where, Gemm, Conv, the QDQ rules, a cast
+operand that picks per element among options) works on ``dense()``: ``ZonoTrack.step`` hands
+the rules not in ``LOCAL_RULES`` dense forms, so a rule that does not know the local part is
+correct by construction.
+
+*Concretization and order reduction.* sum_s |G[s]| at element e is sum over dense rows plus
+sum_j |L[j, e]| (exactly one local symbol per kind touches e), one summation of kd + kl terms
+(``gsum``). The drift pairs the kernels' dense rows by id and their local kinds by base id when
+both forms share P (the same kind at the same position is the same symbol), else it writes both
+densely. ``cap`` counts dense rows and local kinds alike (each costs numel entries) and folds the
+rows of least total magnitude into r, as before. A symbol in both parts of one form (should it
+arise) is bounded by |g_dense| + |g_local| and, written densely, by its rounded sum plus that
+rounding in r (``dense()``); ``Form.G`` refuses such a form rather than drop the rounding.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,20 +106,114 @@ ELEMENT_BUDGET = 2**24  # and at most this many generator entries (k * numel) pe
 NO_IDS = torch.zeros(0, dtype=torch.int64)
 
 
-@dataclass
+@dataclass(init=False, eq=False)
 class Form:
-    """c + sum_s G[s] eps_{ids[s]} + [-r, r]: one kernel's value set. G has the symbol axis
-    first; ``ids`` (sorted, distinct) names the symbols its rows belong to."""
+    """c + sum_s G[s] eps_{ids[s]} + sum_j L[j] eps_{lb[j] + P} + [-r, r]: one kernel's value
+    set. The dense part ``Gd`` has the symbol axis first; ``idsd`` (sorted, distinct) names the
+    symbols its rows belong to. The position-local part (optional, see "Position-local symbols"
+    in the module doc): ``L`` (kinds, *shape), ``lb`` (kinds,) the kinds' base ids, ``P`` (shape,
+    int64) each element's position: element e carries L[j, e] * eps_{lb[j] + P[e]}.
+
+    ``G``, ``ids`` and ``k`` are the form written densely (one row per symbol, computed once):
+    a rule that does not know the local part reads those and gets the exact same set."""
 
     c: torch.Tensor
-    G: torch.Tensor
+    Gd: torch.Tensor
     r: torch.Tensor
-    ids: torch.Tensor
-    _gs: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    idsd: torch.Tensor
+    L: torch.Tensor | None
+    lb: torch.Tensor | None
+    P: torch.Tensor | None
+
+    def __init__(self, c: torch.Tensor, G: torch.Tensor, r: torch.Tensor, ids: torch.Tensor,
+                 L: torch.Tensor | None = None, lb: torch.Tensor | None = None,
+                 P: torch.Tensor | None = None) -> None:
+        if tuple(G.shape[1:]) != tuple(c.shape):  # a row broadcast over the result (f_add)
+            G = G.expand(int(G.shape[0]), *c.shape)
+        self.c, self.Gd, self.r, self.idsd = c, G, r, ids
+        if L is not None and int(L.shape[0]) == 0:
+            L = lb = P = None
+        self.L, self.lb, self.P = L, lb, P
+        self._gs: torch.Tensor | None = None
+        self._dense: tuple[torch.Tensor, torch.Tensor, bool] | None = None
+
+    # the two parts
+    @property
+    def kd(self) -> int:
+        return int(self.Gd.shape[0])
+
+    @property
+    def kl(self) -> int:
+        return 0 if self.L is None else int(self.L.shape[0])
+
+    def _densified(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """(G, ids, whether a symbol was in both parts: its two coefficients were added)."""
+        if self._dense is None:
+            if self.L is None:
+                self._dense = (self.Gd, self.idsd, False)
+            else:
+                Ld, lids = local_to_dense(self.L, self.lb, self.P)
+                self._dense = _merge_rows([self.Gd.expand(self.kd, *self.shape), Ld],
+                                          [self.idsd, lids])
+        return self._dense
+
+    def _dense_view(self, i: int) -> torch.Tensor:
+        d = self._densified()
+        if d[2]:  # the merged coefficients were rounded: only dense() accounts for that
+            raise AssertionError("a symbol in both parts of a form: read it through dense()")
+        return d[i]
+
+    @property
+    def G(self) -> torch.Tensor:
+        return self.Gd if self.L is None else self._dense_view(0)
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return self.idsd if self.L is None else self._dense_view(1)
 
     @property
     def k(self) -> int:
         return int(self.G.shape[0])
+
+    def dense(self) -> Form:
+        """The same form with every symbol in the dense part."""
+        if self.L is None:
+            return self
+        G, ids, merged = self._densified()
+        if merged:  # fl(a + b) per merged coefficient: |error| <= u |fl(a + b)| (1 + u)
+            r = pad_hi(self.r + 4 * U64 * _l1(G)) + TINY
+            return Form(self.c, G, r, ids)
+        out = Form(self.c, G, self.r, ids)
+        out._gs = self._gs  # the split form's gsum bounds the merged one's (no merged rows)
+        return out
+
+    def local_ids(self) -> torch.Tensor:
+        """The ids of the local part's symbols present (lb[j] + t for t in P)."""
+        if self.L is None:
+            return NO_IDS
+        if getattr(self, "_lids", None) is None:
+            tv = torch.unique(self.P).to(self.lb.device)
+            self._lids = (self.lb.reshape(-1, 1) + tv.reshape(1, -1)).reshape(-1)
+        return self._lids
+
+    def dpart(self) -> Form:
+        """The dense part alone (with c and r): for the helpers that pair dense rows by id."""
+        return self if self.L is None else Form(self.c, self.Gd, self.r, self.idsd)
+
+    def with_r(self, r: torch.Tensor) -> Form:
+        """The same symbols (both parts) and centre, another r."""
+        out = Form(self.c, self.Gd, r, self.idsd, self.L, self.lb, self.P)
+        out._gs = self._gs
+        out._dense = self._dense
+        return out
+
+    def local_like(self, c: torch.Tensor, Gd: torch.Tensor, r: torch.Tensor,
+                   L: torch.Tensor | None, P: torch.Tensor | None,
+                   gs: torch.Tensor | None = None) -> Form:
+        """A form over this form's dense symbols and local kinds (L, P: the new local part)."""
+        out = Form(c, Gd, r, self.idsd, L, self.lb if L is not None else None, P)
+        out._gs = gs
+        return out
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -80,8 +221,9 @@ class Form:
 
     def like(self, c: torch.Tensor, G: torch.Tensor, r: torch.Tensor,
              gs: torch.Tensor | None = None) -> Form:
-        """A form over the same symbols; ``gs``: an upper bound of sum_s |G[s]| already known
-        (an exact movement of this form's, or its scaling: see ``scaled_gsum``)."""
+        """A form over the same symbols written densely (``G`` has ``self.k`` rows, ordered as
+        ``self.ids``); ``gs``: an upper bound of sum_s |G[s]| already known (an exact movement
+        of this form's, or its scaling: see ``scaled_gsum``)."""
         out = Form(c, G, r, self.ids)
         out._gs = gs
         return out
@@ -92,12 +234,19 @@ class Form:
         return pad_hi(self.gsum() * s.abs() * (1 + 4 * U64)) + TINY
 
     def gsum(self) -> torch.Tensor:
-        """Upper bound of sum_s |G[s]| (float64 sum error included)."""
+        """Upper bound of sum_s |G[s]| over both parts (float64 sum error included: the two
+        parts' sums and their addition are one order of summing kd + kl terms)."""
         if self._gs is None:  # forms are never modified in place: computed once
-            if self.k == 0:
+            kd, kl = self.kd, self.kl
+            if kd + kl == 0:
                 self._gs = torch.zeros_like(self.c)
+            elif kl == 0:
+                self._gs = _l1(self.Gd) * (1 + (kd + 2) * U64) + TINY
             else:
-                self._gs = _l1(self.G) * (1 + (self.k + 2) * U64) + TINY
+                acc = _l1(self.L)
+                if kd:
+                    acc = acc + _l1(self.Gd)
+                self._gs = acc * (1 + (kd + kl + 2) * U64) + TINY
         return self._gs
 
     def rad(self) -> torch.Tensor:
@@ -110,23 +259,74 @@ class Form:
         return (torch.where(fin, pad_lo(self.c - rad), self.c),
                 torch.where(fin, pad_hi(self.c + rad), self.c))
 
+    def reshape(self, shape: tuple[int, ...]) -> Form:
+        """The same form with the tensor reshaped (an exact movement: positions move along)."""
+        shape = tuple(shape)
+        out = Form(self.c.reshape(shape), self.Gd.reshape(self.kd, *shape), self.r.reshape(shape),
+                   self.idsd, None if self.L is None else self.L.reshape(self.kl, *shape),
+                   self.lb, None if self.P is None else self.P.reshape(shape))
+        out._gs = self._gs.reshape(shape) if self._gs is not None else None
+        return out
+
     def view(self, rank: int) -> Form:
         """Leading singleton axes so that the tensor has ``rank`` axes (numpy broadcasting)."""
         extra = rank - self.c.dim()
         if extra <= 0:
             return self
-        shape = (1,) * extra + self.shape
-        return self.like(self.c.reshape(shape), self.G.reshape(self.k, *shape), self.r.reshape(shape),
-                         self._gs.reshape(shape) if self._gs is not None else None)
+        return self.reshape((1,) * extra + self.shape)
 
     def cap(self, m: int) -> Form:
-        """At most m symbols: the rows of least total magnitude are folded into r (sound:
-        |g eps| <= |g|; other tensors may keep those symbols)."""
-        if self.k <= m:
+        """At most m rows (dense symbols + local kinds): the rows of least total magnitude are
+        folded into r (sound: |g eps| <= |g|; other tensors may keep those symbols)."""
+        kd, kl = self.kd, self.kl
+        if kd + kl <= m:
             return self
-        keep, drop = _top_rows(_row_l1(self.G), m)
-        extra = _l1(self.G, rows=drop) * (1 + (self.k + 2) * U64)
-        return Form(self.c, self.G[keep], pad_hi(self.r + extra) + TINY, self.ids[keep.to(self.ids.device)])
+        if kl == 0:
+            keep, drop = _top_rows(_row_l1(self.Gd), m)
+            extra = _l1(self.Gd, rows=drop) * (1 + (kd + 2) * U64)
+            return Form(self.c, self.Gd[keep], pad_hi(self.r + extra) + TINY,
+                        self.idsd[keep.to(self.idsd.device)])
+        score = torch.cat([_row_l1(self.Gd), _row_l1(self.L)]) if kd else _row_l1(self.L)
+        keep, drop = _top_rows(score, m)
+        kd_keep, kl_keep = keep[keep < kd], keep[keep >= kd] - kd
+        kd_drop, kl_drop = drop[drop < kd], drop[drop >= kd] - kd
+        extra = _l1(self.L, rows=kl_drop)
+        if kd_drop.numel():
+            extra = extra + _l1(self.Gd, rows=kd_drop)
+        extra = extra * (1 + (kd + kl + 2) * U64)
+        dev = self.Gd.device
+        return Form(self.c, self.Gd[kd_keep.to(dev)], pad_hi(self.r + extra) + TINY,
+                    self.idsd[kd_keep.to(self.idsd.device)], self.L[kl_keep.to(dev)],
+                    self.lb[kl_keep.to(self.lb.device)], self.P)
+
+
+def local_to_dense(L: torch.Tensor, lb: torch.Tensor, P: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The local part written densely: the row of symbol lb[j] + t is L[j] where P == t and 0
+    elsewhere (sorted ids; one row per kind and position present in P)."""
+    shape = tuple(L.shape[1:])
+    P = P.expand(shape)
+    tv = torch.unique(P)
+    mask = (P.unsqueeze(0) == tv.reshape(-1, *([1] * len(shape)))).to(L.dtype)
+    Ld = (L.unsqueeze(1) * mask.unsqueeze(0)).reshape(-1, *shape)
+    lids = (lb.reshape(-1, 1) + tv.to(lb.device).reshape(1, -1)).reshape(-1)
+    order = torch.argsort(lids)
+    return Ld[order.to(Ld.device)], lids[order]
+
+
+def _merge_rows(Gs: list[torch.Tensor], idss: list[torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Rows of several blocks joined by symbol id (sorted), and whether some symbol was in two
+    blocks (its rows were added: rounded, see Form.dense)."""
+    ids = torch.cat(idss)
+    G = torch.cat(Gs, 0)
+    u, inv = torch.unique(ids, return_inverse=True)
+    if u.numel() == ids.numel():
+        order = torch.argsort(ids)
+        return G[order.to(G.device)], ids[order], False
+    out = torch.zeros((u.numel(), *G.shape[1:]), dtype=G.dtype, device=G.device)
+    out.index_add_(0, inv.to(G.device), G)
+    return out, u, True
 
 
 def _row_l1(G: torch.Tensor) -> torch.Tensor:
@@ -213,6 +413,26 @@ def combine(a: Form, b: Form, sign: float = 1.0) -> tuple[torch.Tensor, torch.Te
     return out, u
 
 
+def _row_positions(shape: tuple[int, ...], device: Any = None) -> torch.Tensor:
+    """The default position map: every row (all axes but the last) its own position."""
+    if len(shape) == 0:
+        return torch.zeros((), dtype=torch.int64, device=device)
+    rows = math.prod(shape[:-1])
+    return torch.arange(rows, device=device).reshape(*shape[:-1], 1).expand(shape)
+
+
+def _ranks(v: torch.Tensor) -> torch.Tensor:
+    """For a 1-D integer tensor, each entry's rank among the entries of equal value (0, 1, ..
+    in index order)."""
+    if v.numel() == 0:
+        return v.clone()
+    sv, order = torch.sort(v, stable=True)
+    first = torch.searchsorted(sv, sv)  # the first index of each value in sorted order
+    rank = torch.empty_like(v)
+    rank[order] = torch.arange(v.numel(), device=v.device) - first
+    return rank
+
+
 def const_form(v: torch.Tensor, r: torch.Tensor | None = None) -> Form:
     v = v.to(F64)
     return Form(v, torch.zeros((0, *v.shape), dtype=F64, device=v.device),
@@ -248,36 +468,104 @@ class ZState:
         return self.t, self.i
 
     def drift_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.i.c - self.t.c
-        if self.i.ids is self.t.ids or (self.i.k == self.t.k
-                                        and bool(torch.equal(self.i.ids, self.t.ids))):
-            k = self.i.k  # the same symbols: no union to build
-            g = _l1(self.i.G, self.t.G) * (1 + (k + 2) * U64)
+        fi, ft = self.i, self.t
+        c = fi.c - ft.c
+        gl = None
+        if fi.L is not None or ft.L is not None:
+            same_p = (fi.L is not None and ft.L is not None
+                      and (fi.P is ft.P or torch.equal(fi.P, ft.P))
+                      and not bool(torch.isin(fi.idsd, ft.local_ids()).any())
+                      and not bool(torch.isin(ft.idsd, fi.local_ids()).any()))
+            if not same_p:  # one position map, or none: pair every symbol densely
+                fi, ft = fi.dense(), ft.dense()
+            else:  # sum_s |a_s - b_s| <= dense part's + local part's (a symbol in both parts)
+                li = Form(fi.c, fi.L, fi.r, fi.lb)
+                lt = Form(ft.c, ft.L, ft.r, ft.lb)
+                if fi.lb is ft.lb or (fi.kl == ft.kl and bool(torch.equal(fi.lb, ft.lb))):
+                    gl = _l1(fi.L, ft.L) * (1 + (fi.kl + 2) * U64) + TINY
+                else:
+                    gl = _l1_disjoint(li, lt)
+                fi, ft = fi.dpart(), ft.dpart()
+        if fi.ids is ft.ids or (fi.k == ft.k and bool(torch.equal(fi.ids, ft.ids))):
+            k = fi.k  # the same symbols: no union to build
+            g = _l1(fi.G, ft.G) * (1 + (k + 2) * U64)
         else:  # rows of symbols only one form has add |g|; shared ones |g_i - g_t|
-            k = self.i.k + self.t.k
-            g = _l1_disjoint(self.i, self.t)
+            k = fi.k + ft.k
+            g = _l1_disjoint(fi, ft)
         if k == 0:
             g = torch.zeros_like(c)
+        if gl is not None:
+            g = pad_hi(g + gl)
         fin = torch.isfinite(self.t.c) & torch.isfinite(self.i.c)
         both = (self.t.c == self.i.c) & ~fin  # the same infinity: no drift
         mags = torch.where(fin, self.i.c.abs() + self.t.c.abs(), torch.zeros_like(c))
-        rad = pad_hi(g + self.t.r + self.i.r + 2 * U64 * mags + TINY)
+        rad = pad_hi(g + ft.r + fi.r + 2 * U64 * mags + TINY)
         c = torch.where(both, torch.zeros_like(c), c)
         rad = torch.where(both, torch.zeros_like(rad), rad)
         return pad_lo(c - rad), pad_hi(c + rad)
 
 
+def _local_pair(a: Form, b: Form, shape: tuple[int, ...]
+                ) -> tuple[Form, Form, tuple | None]:
+    """The local parts of two forms (same rank) over one position map: (a, b, (La, Lb, lb, P))
+    with La / Lb (None: no local part) over the union ``lb`` of their kinds and P, all broadcast
+    to ``shape``; or (a, b, None) when neither has one. Where both have local parts whose
+    positions differ, b's is first written densely (the same set: b.dense()); then a form whose
+    local symbols the other has densely is written densely too."""
+    if a.L is None and b.L is None:
+        return a, b, None
+    if a.L is not None and b.L is not None:
+        if not (a.P is b.P or torch.equal(a.P.expand(shape), b.P.expand(shape))):
+            b = b.dense()
+    # a symbol local in one form and dense in the other: both dense, so that its coefficients
+    # add in one row (kept apart, the sum's bound would add their magnitudes)
+    if a.L is not None and b.kd and bool(torch.isin(b.idsd, a.local_ids()).any()):
+        a = a.dense()
+    if b.L is not None and a.kd and bool(torch.isin(a.idsd, b.local_ids()).any()):
+        b = b.dense()
+    if a.L is None and b.L is None:
+        return a, b, None
+    if b.L is None:
+        return a, b, (a.L.expand(a.kl, *shape), None, a.lb, a.P.expand(shape))
+    if a.L is None:
+        return a, b, (None, b.L.expand(b.kl, *shape), b.lb, b.P.expand(shape))
+    P = a.P.expand(shape)
+    if a.lb is b.lb or (a.kl == b.kl and bool(torch.equal(a.lb, b.lb))):
+        return a, b, (a.L.expand(a.kl, *shape), b.L.expand(b.kl, *shape), a.lb, P)
+    u = torch.unique(torch.cat([a.lb, b.lb]))
+    out = []
+    for f in (a, b):
+        g = torch.zeros((u.numel(), *shape), dtype=F64, device=f.c.device)
+        g[torch.searchsorted(u, f.lb).to(g.device)] = f.L.expand(f.kl, *shape)
+        out.append(g)
+    return a, b, (out[0], out[1], u, P)
+
+
+def _cat_local(loc: tuple | None, L: torch.Tensor | None) -> tuple:
+    """(L, lb, P) of a result from _local_pair's tuple and the result's local rows."""
+    if loc is None or L is None:
+        return None, None, None
+    return L, loc[2], loc[3]
+
+
 def fp_err(f: Form, mult: float) -> Form:
     """Add the float64 error of an elementwise form operation (mult units of 2^-53 relative)."""
     m = torch.where(torch.isfinite(f.c), f.c.abs(), torch.zeros_like(f.c))
-    return f.like(f.c, f.G, f.r + pad_hi(mult * U64 * (m + f.gsum()) + TINY))
+    return f.with_r(f.r + pad_hi(mult * U64 * (m + f.gsum()) + TINY))
 
 
 def f_add(a: Form, b: Form, sign: float = 1.0) -> Form:
     rank = max(a.c.dim(), b.c.dim())
     a, b = a.view(rank), b.view(rank)
-    G, u = combine(a, b, sign)
-    return fp_err(Form(a.c + sign * b.c, G, a.r + b.r, u), 4)
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    a, b, loc = _local_pair(a, b, shape)
+    G, u = combine(a.dpart(), b.dpart(), sign)
+    L = None
+    if loc is not None:
+        La, Lb = loc[0], loc[1]
+        L = (La if Lb is None else (Lb * sign if La is None
+                                    else (La + Lb if sign == 1.0 else La - Lb)))
+    return fp_err(Form(a.c + sign * b.c, G, a.r + b.r, u, *_cat_local(loc, L)), 4)
 
 
 def f_scale(a: Form, s: torch.Tensor) -> Form:
@@ -285,31 +573,44 @@ def f_scale(a: Form, s: torch.Tensor) -> Form:
     s = s.to(F64)
     rank = max(a.c.dim(), s.dim())
     a = a.view(rank)
-    return fp_err(a.like(a.c * s, a.G * s, a.r * s.abs(), a.scaled_gsum(s)), 4)
+    c = a.c * s
+    L = a.L * s if a.L is not None else None
+    P = a.P.expand(c.shape) if a.L is not None else None
+    return fp_err(a.local_like(c, a.Gd * s, a.r * s.abs(), L, P, a.scaled_gsum(s)), 4)
 
 
 def f_shift(a: Form, s: torch.Tensor) -> Form:
     s = s.to(F64)
     rank = max(a.c.dim(), s.dim())
     a = a.view(rank)
-    return fp_err(a.like(a.c + s, a.G + torch.zeros_like(s), a.r + torch.zeros_like(s)), 4)
+    c = a.c + s
+    z = torch.zeros_like(s)
+    L = a.L + z if a.L is not None else None
+    P = a.P.expand(c.shape) if a.L is not None else None
+    return fp_err(a.local_like(c, a.Gd + z, a.r + z, L, P), 4)
 
 
 def f_mul(a: Form, b: Form) -> Form:
     """Elementwise product: ca cb + (ca Gb + cb Ga) eps + |ca| rb + |cb| ra + rad_a rad_b."""
     rank = max(a.c.dim(), b.c.dim())
     a, b = a.view(rank), b.view(rank)
-    (ga, gb), u = align([a, b])
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    a, b, loc = _local_pair(a, b, shape)
+    (ga, gb), u = align([a.dpart(), b.dpart()])
     c = a.c * b.c
     G = ga * b.c + a.c * gb
+    L = None
+    if loc is not None:
+        La, Lb = loc[0], loc[1]
+        L = (La * b.c if Lb is None else (a.c * Lb if La is None else La * b.c + a.c * Lb))
     r = a.c.abs() * b.r + b.c.abs() * a.r + a.rad() * b.rad()
-    return fp_err(Form(c, G, pad_hi(r), u), 8)
+    return fp_err(Form(c, G, pad_hi(r), u, *_cat_local(loc, L)), 8)
 
 
 def f_matmul(a: Form, b: Form) -> Form:
     """Matrix product of two forms (numpy.matmul broadcasting, both at least 2-D)."""
     rank = max(a.c.dim(), b.c.dim())
-    a, b = a.view(rank), b.view(rank)
+    a, b = a.view(rank).dense(), b.view(rank).dense()  # mixes positions: dense
     n = a.c.shape[-1]
     c = a.c @ b.c
     ga = a.like(c, (a.G @ b.c) if a.k else torch.zeros((0, *c.shape), dtype=F64, device=c.device), c)
@@ -325,27 +626,44 @@ def f_matmul_const(a: Form, w: torch.Tensor, left: bool = False) -> Form:
     """a @ w (or w @ a when ``left``) for an exact constant w."""
     w = w.to(F64)
     n = w.shape[-2] if not left else w.shape[-1]
+    axis = -2 if left else -1  # the contracted axis of a: a local part needs one position on it
+    if a.L is not None and not _constant_along(a.P, axis):
+        a = a.dense()
     if left:
         c = w @ a.c
-        G = w @ a.G if a.k else a.G.new_zeros((0, *c.shape))
+        G = w @ a.Gd if a.kd else a.Gd.new_zeros((0, *c.shape))
+        L = w @ a.L if a.L is not None else None
         r = w.abs() @ a.r
         fp = w.abs() @ (a.c.abs() + a.gsum())
     else:
         c = a.c @ w
-        G = a.G @ w if a.k else a.G.new_zeros((0, *c.shape))
+        G = a.Gd @ w if a.kd else a.Gd.new_zeros((0, *c.shape))
+        L = a.L @ w if a.L is not None else None
         r = a.r @ w.abs()
         fp = (a.c.abs() + a.gsum()) @ w.abs()
-    return a.like(c, G, (r + (n + 6) * U64 * fp) * (1 + (n + 6) * U64) + TINY)
+    P = torch.broadcast_to(a.P.narrow(axis, 0, 1), c.shape) if a.L is not None else None
+    return a.local_like(c, G, (r + (n + 6) * U64 * fp) * (1 + (n + 6) * U64) + TINY, L, P)
+
+
+def _constant_along(P: torch.Tensor, axis: int) -> bool:
+    """Whether every element has the position of the first one along ``axis``."""
+    return bool((P == P.narrow(axis, 0, 1)).all())
 
 
 def f_sum(a: Form, dim: int, keepdim: bool = True) -> Form:
     d = dim % a.c.dim()
     n = a.c.shape[d]
+    if a.L is not None and not _constant_along(a.P, d):
+        a = a.dense()
     c = a.c.sum(d, keepdim=keepdim)
-    G = a.G.sum(d + 1, keepdim=keepdim)
+    G = a.Gd.sum(d + 1, keepdim=keepdim)
+    L = a.L.sum(d + 1, keepdim=keepdim) if a.L is not None else None
+    P = None
+    if a.L is not None:
+        P = a.P.narrow(d, 0, 1) if keepdim else a.P.select(d, 0)
     r = a.r.sum(d, keepdim=keepdim)
     fp = (n + 4) * U64 * (a.c.abs() + a.gsum()).sum(d, keepdim=keepdim)
-    return a.like(c, G, (r + fp) * (1 + (n + 6) * U64) + TINY)
+    return a.local_like(c, G, (r + fp) * (1 + (n + 6) * U64) + TINY, L, P)
 
 
 def f_select(cond: torch.Tensor, a: Form, b: Form) -> Form:
@@ -372,8 +690,8 @@ def f_smooth(a: Form, lo: torch.Tensor, hi: torch.Tensor, f: Callable, df: Calla
     if not (bool(torch.isfinite(f0).all()) and bool(torch.isfinite(lam).all())
             and bool(torch.isfinite(R).all())):
         return None
-    out = a.like(f0, a.G * lam, pad_hi(lam.abs() * a.r + R + 64 * U64 * f0.abs() + TINY),
-                 a.scaled_gsum(lam))
+    out = a.local_like(f0, a.Gd * lam, pad_hi(lam.abs() * a.r + R + 64 * U64 * f0.abs() + TINY),
+                       a.L * lam if a.L is not None else None, a.P, a.scaled_gsum(lam))
     return fp_err(out, 4)
 
 
@@ -385,7 +703,8 @@ def _box_part(b: Box, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 class ZonoTrack:
     """The forms of the live tensors of one block run, and the symbol counter."""
 
-    def __init__(self, k_max: int | None = None) -> None:
+    def __init__(self, k_max: int | None = None, local: bool = True) -> None:
+        self.local = local  # new per-element / per-row symbols position-local (module doc)
         self.forms: dict[str, ZState] = {}
         self.k = 0
         self.k_max = k_max or K_MAX
@@ -397,8 +716,45 @@ class ZonoTrack:
         """Symbols one form may keep: the block's k_max, and at most ELEMENT_BUDGET entries."""
         return max(64, min(self.k_max, ELEMENT_BUDGET // max(1, f.c.numel())))
 
+    def _kinds(self, f: Form, coefs: torch.Tensor, group: torch.Tensor,
+               P: torch.Tensor | None) -> Form:
+        """New position-local symbols: for each element e, one symbol of coefficient coefs[e]
+        shared by the elements of e's group (group: (shape) ints, 0 .. n_groups - 1, constant
+        across a group; P: the form's positions, None for rows). A group lies at one position;
+        the groups of a position get kinds 0, 1, ..; symbol (kind j, position t) is
+        id lb[j] + t, the ids a fresh range (distinct from every symbol so far)."""
+        shape = f.shape
+        if P is None:
+            P = _row_positions(shape, f.c.device)
+        Pf = P.expand(shape).reshape(-1)
+        gf = group.reshape(-1)
+        ng = int(gf.max()) + 1 if gf.numel() else 0
+        gpos = torch.zeros(ng, dtype=torch.int64, device=Pf.device)
+        gpos[gf] = Pf  # each group's position (the same for all its elements: checked)
+        if not bool((gpos[gf] == Pf).all()):
+            raise AssertionError("a group of new local symbols spans two positions")
+        kind = _ranks(gpos)  # the groups of one position: kinds 0, 1, ..
+        K = int(kind.max()) + 1 if kind.numel() else 0
+        T = int(Pf.max()) + 1 if Pf.numel() else 0
+        L = torch.zeros((K, Pf.numel()), dtype=F64, device=f.c.device)
+        L[kind[gf], torch.arange(Pf.numel(), device=f.c.device)] = coefs.expand(shape).reshape(-1)
+        lb = self.k + torch.arange(K, dtype=torch.int64) * T
+        self.k += K * T
+        L = L.reshape(K, *shape)
+        if f.L is None:
+            return Form(f.c, f.Gd, f.r, f.idsd, L, lb, P.expand(shape))
+        return Form(f.c, f.Gd, f.r, f.idsd, torch.cat([f.L.expand(f.kl, *shape), L], 0),
+                    torch.cat([f.lb, lb]), f.P)
+
     def fresh(self, f: Form) -> Form:
         """Turn r into new symbols, one per element (the largest first, within the budget)."""
+        if self.local:
+            if not bool((f.r > 0).any()):
+                return f
+            # one kind per element of a position: each element its own group
+            group = torch.arange(f.c.numel(), device=f.c.device).reshape(f.shape)
+            out = self._kinds(f.with_r(torch.zeros_like(f.r)), f.r, group, f.P)
+            return out.cap(self.cap_for(f))
         m = f.r > 0
         cap = self.cap_for(f)
         if int(m.sum()) > cap:  # memory: only the largest errors become symbols
@@ -446,7 +802,7 @@ class ZonoTrack:
             rest[keep] = False
             extra = torch.zeros(coef.numel(), dtype=F64, device=coef.device)
             extra[idx[rest]] = coef.reshape(-1)[idx[rest]].abs()
-            f = f.like(f.c, f.G, pad_hi(f.r + extra.reshape(f.r.shape)))
+            f = f.with_r(pad_hi(f.r + extra.reshape(f.r.shape)))
             idx = torch.sort(idx[keep]).values
         numel = f.c.numel()
         g_new = torch.zeros((idx.numel(), numel), dtype=F64, device=f.c.device)
@@ -454,13 +810,20 @@ class ZonoTrack:
         new_ids = torch.arange(self.k, self.k + idx.numel(), dtype=torch.int64)
         self.k += idx.numel()
         self.binary = torch.cat([self.binary, new_ids])
-        return Form(f.c, torch.cat([f.G, g_new.reshape(idx.numel(), *f.shape)], 0), f.r,
-                    torch.cat([f.ids, new_ids])).cap(self.cap_for(f))
+        return Form(f.c, torch.cat([f.Gd.expand(f.kd, *f.shape),
+                                    g_new.reshape(idx.numel(), *f.shape)], 0), f.r,
+                    torch.cat([f.idsd, new_ids]), f.L, f.lb, f.P).cap(self.cap_for(f))
 
     def row_symbols(self, f: Form, coefs: list[torch.Tensor]) -> Form:
         """For each coefficient tensor (f's shape), one new symbol per row (the last axis): an
         error a normalising op shares across its row."""
         n = f.c.shape[-1]
+        if self.local and (f.L is None or _constant_along(f.P, -1)):
+            group = torch.arange(f.c.numel() // max(n, 1), device=f.c.device)
+            group = group.reshape(*f.shape[:-1], 1).expand(f.shape)
+            for coef in coefs:
+                f = self._kinds(f, coef, group, f.P)
+            return f.cap(self.cap_for(f))
         rows = f.c.numel() // max(n, 1)
         blocks = []
         idx = torch.arange(rows, device=f.c.device)
@@ -492,7 +855,8 @@ class ZonoTrack:
             inf_val = torch.where(exact_inf, b.tl, zero)
             b = Box(*(torch.where(exact_inf, zero, p) for p in b.parts()))
             z = self.from_box(b)
-            return ZState(*(f.like(torch.where(exact_inf, inf_val, f.c), f.G, f.r) for f in z.forms()))
+            return ZState(*(f.local_like(torch.where(exact_inf, inf_val, f.c), f.Gd, f.r, f.L, f.P,
+                                         f._gs) for f in z.forms()))
         t = self.fresh(const_form(mid_t, hw_t))
         mid_d = 0.5 * b.dl + 0.5 * b.dh
         hw_d = pad_hi(torch.maximum(b.dh - mid_d, mid_d - b.dl).clamp_min(0.0))
@@ -501,9 +865,10 @@ class ZonoTrack:
         hw_i = pad_hi(torch.maximum(b.ih - mid_i, mid_i - b.il).clamp_min(0.0))
         use_own = hw_i <= hw_d
         c_i = torch.where(use_own, mid_i, mid_t + mid_d)
-        G_i = torch.where(use_own, torch.zeros_like(t.G), t.G)
+        G_i = torch.where(use_own, torch.zeros_like(t.Gd), t.Gd)
+        L_i = torch.where(use_own, torch.zeros_like(t.L), t.L) if t.L is not None else None
         r_i = torch.where(use_own, hw_i, pad_hi(hw_d + 2 * U64 * (mid_t.abs() + mid_d.abs()) + TINY))
-        return ZState(t, t.like(c_i, G_i, r_i))
+        return ZState(t, t.local_like(c_i, G_i, r_i, L_i, t.P))
 
     def state_of(self, name: str, x: Any, ctx: RuleCtx) -> ZState | Concrete | None:
         """The forms of an input (cached by tensor name so that every consumer shares them),
@@ -539,6 +904,9 @@ class ZonoTrack:
             states = [self.state_of(nm, x, ctx) if nm else None for nm, x in zip(names, ins)]
             if not any(isinstance(s, ZState) for s in states):
                 return results
+            if n.op_type not in LOCAL_RULES:  # a rule that reads G: the dense form (same set)
+                states = [ZState(s.t.dense(), s.i.dense()) if isinstance(s, ZState) else s
+                          for s in states]
             boxes = [x if isinstance(x, Box) else None for x in ins]
             self.raw = ins
             outs = rule(self, ctx, states, boxes, results)
@@ -576,8 +944,9 @@ def _sanitize(z: ZState, b: Box) -> ZState | None:
         lo, hi = _box_part(b, k)
         if not bool(((lo == f.c) & (hi == f.c))[nonfin].all()):
             return None
-        G = torch.where(nonfin, torch.zeros_like(f.G), f.G) if f.k else f.G
-        out.append(f.like(f.c, G, torch.where(nonfin, torch.zeros_like(f.r), f.r)))
+        G = torch.where(nonfin, torch.zeros_like(f.Gd), f.Gd) if f.kd else f.Gd
+        L = torch.where(nonfin, torch.zeros_like(f.L), f.L) if f.L is not None else None
+        out.append(f.local_like(f.c, G, torch.where(nonfin, torch.zeros_like(f.r), f.r), L, f.P))
     return ZState(*out)
 
 
@@ -636,7 +1005,7 @@ def _add_err(f: Form, err: torch.Tensor) -> Form:
     err = torch.where(torch.isfinite(err), err, torch.full_like(err, float("inf")))
     if not bool(torch.isfinite(err).all()):
         raise _NoForm
-    return f.like(f.c, f.G, pad_hi(f.r + err) + TINY)
+    return f.with_r(pad_hi(f.r + err) + TINY)
 
 
 def _round(ctx: RuleCtx, spec: KernelSpec, prim: str | None, f: Form, steps: int = 1) -> Form:
@@ -661,29 +1030,41 @@ def _movement(op: str) -> ZRule:
         if any(isinstance(s, ZState) for s in states[1:]):
             return None
 
+        def move(t: torch.Tensor) -> Any:
+            return fn(ctx.node, ctx.opset, t, *others)
+
         def apply(f: Form):
-            c = fn(ctx.node, ctx.opset, f.c, *others)
-            r = fn(ctx.node, ctx.opset, f.r, *others)
-            # an exact selection / copy of elements: the same map on sum_s |G[s]|
-            gs = fn(ctx.node, ctx.opset, f.gsum(), *others) if f.k else None
-            if f.k:
-                G = torch.vmap(lambda g: fn(ctx.node, ctx.opset, g, *others))(f.G)
-            else:
-                G = None
-            if isinstance(c, tuple):
-                return [f.like(cj.contiguous(),
-                               (G[j].contiguous() if G is not None
-                                else torch.zeros((0, *cj.shape), dtype=F64, device=cj.device)),
-                               rj.contiguous(), gs[j].contiguous() if gs is not None else None)
-                        for j, (cj, rj) in enumerate(zip(c, r))]
-            return f.like(c.contiguous(), (G.contiguous() if G is not None
-                                           else torch.zeros((0, *c.shape), dtype=F64, device=c.device)),
-                          r.contiguous(), gs.contiguous() if gs is not None else None)
+            return _moved(f, move)
         t, i = apply(x.t), apply(x.i)
         if isinstance(t, list):
             return tuple(ZState(a, b) for a, b in zip(t, i))
         return ZState(t, i)
     return rule
+
+
+def _moved(f: Form, move: Callable) -> Form | list[Form]:
+    """An exact selection / copy of elements applied to a form: the same map on c, r, every
+    symbol's row (both parts), sum_s |G[s]| and the positions (each copied element keeps its
+    position, so its local symbols stay its own)."""
+    c, r = move(f.c), move(f.r)
+    gs = move(f.gsum()) if f.kd + f.kl else None
+    G = torch.vmap(move)(f.Gd) if f.kd else None
+    L = torch.vmap(move)(f.L) if f.L is not None else None
+    P = move(f.P.to(F64)) if f.L is not None else None  # positions < 2^53: exact in float64
+
+    def one(j: int | None) -> Form:
+        pick = (lambda t: t) if j is None else (lambda t: t[j])
+        cj = pick(c).contiguous()
+        Gj = (pick(G).contiguous() if G is not None
+              else torch.zeros((0, *cj.shape), dtype=F64, device=cj.device))
+        Lj = pick(L).contiguous() if L is not None else None
+        Pj = pick(P).to(torch.int64).contiguous() if P is not None else None
+        out = f.local_like(cj, Gj, pick(r).contiguous(), Lj, Pj)
+        out._gs = pick(gs).contiguous() if gs is not None else None
+        return out
+    if isinstance(c, tuple):
+        return [one(j) for j in range(len(c))]
+    return one(None)
 
 
 def _register_movement() -> None:
@@ -725,10 +1106,7 @@ def _gather(zt, ctx, states, boxes, results):
         return None
 
     def apply(f: Form) -> Form:
-        G = (torch.vmap(lambda a: g(ctx.node, ctx.opset, a, idx.value))(f.G) if f.k else None)
-        c = g(ctx.node, ctx.opset, f.c, idx.value)
-        return f.like(c, G if G is not None else torch.zeros((0, *c.shape), dtype=F64, device=c.device),
-                    g(ctx.node, ctx.opset, f.r, idx.value))
+        return _moved(f, lambda t: g(ctx.node, ctx.opset, t, idx.value))
     return ZState(apply(x.t), apply(x.i))
 
 
@@ -810,7 +1188,8 @@ for _op in ("Add", "Sub", "Mul", "Div"):
 @zrule("Neg")
 def _neg(zt, ctx, states, boxes, results):
     x = states[0]
-    return ZState(*(f.like(-f.c, -f.G, f.r, f.gsum()) for f in x.forms()))
+    return ZState(*(f.local_like(-f.c, -f.Gd, f.r, -f.L if f.L is not None else None, f.P,
+                                 f.gsum()) for f in x.forms()))
 
 
 # --- smooth unary ops ---------------------------------------------------------------------------
@@ -888,8 +1267,9 @@ def _relu(zt, ctx, states, boxes, results):
         lam = torch.nan_to_num(lam, nan=0.0).clamp(0.0, 1.0)
         unst = ~(pos | neg)
         mu = torch.where(unst, pad_hi(-lam * lo / 2), torch.zeros_like(lo))
-        y = f.like(lam * f.c + mu, f.G * lam,
-                   pad_hi(lam * f.r + mu + 4 * U64 * (lam * f.c).abs()) + TINY, f.scaled_gsum(lam))
+        y = f.local_like(lam * f.c + mu, f.Gd * lam,
+                         pad_hi(lam * f.r + mu + 4 * U64 * (lam * f.c).abs()) + TINY,
+                         f.L * lam if f.L is not None else None, f.P, f.scaled_gsum(lam))
         out.append(fp_err(y, 4))
     return ZState(*out)
 
@@ -1111,6 +1491,7 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
         raise _NoForm
     if bool((e_lo == 0).all()) and bool((e_hi == 0).all()):
         return f, lo, hi, sc
+    f = f.dense()  # the options below pick rows per element (binary symbols are dense)
     e_mid = 0.5 * e_lo + 0.5 * e_hi
     e_hw = pad_hi(torch.maximum(e_hi - e_mid, e_mid - e_lo))
     i_mid = 0.5 * c_lo + 0.5 * c_hi
@@ -1319,7 +1700,7 @@ def _layernorm(zt, ctx, states, boxes, results):
     out = []
     for k, spec in enumerate(ctx.kernels):
         f = x.forms()[k]
-        f = f.like(f.c.reshape(*lead, -1), f.G.reshape(f.k, *lead, -1), f.r.reshape(*lead, -1))
+        f = f.reshape((*lead, math.prod(shape[axis:])))
         lo, hi = in_bounds(x, box, k)
         lo, hi = lo.reshape(*lead, -1), hi.reshape(*lead, -1)
         n = f.c.shape[-1]
@@ -1345,7 +1726,7 @@ def _layernorm(zt, ctx, states, boxes, results):
             if s is None:
                 continue
             sz = _as_z(s, ctx)
-            sf = sz.forms()[k]
+            sf = sz.forms()[k].dense()
             nf = math.prod(shape[axis:])
             sf = sf.like(sf.c.expand(shape[axis:]).reshape(nf),
                       sf.G.expand(sf.k, *shape[axis:]).reshape(sf.k, nf),
@@ -1366,7 +1747,7 @@ def _layernorm(zt, ctx, states, boxes, results):
         else:
             err = _realized_err(spec, lo, hi, c_p, r_p, v_p, eps, g_mag, mag(y_lo, y_hi))
             y = _add_err(y, err)
-        out.append(y.like(y.c.reshape(shape), y.G.reshape(y.k, *shape), y.r.reshape(shape)))
+        out.append(y.reshape(shape))
     return ZState(*out) if len(results) == 1 else (ZState(*out),) + (None,) * (len(results) - 1)
 
 
@@ -1440,3 +1821,18 @@ def _softmax(zt, ctx, states, boxes, results):
         err = torch.where(masked, torch.zeros_like(err), err)
         out.append(_add_err(p, err))
     return ZState(*out)
+
+
+# the rules that read forms only through the local-aware primitives (f_add, f_scale, f_mul,
+# f_matmul_const, f_sum, f_smooth, _moved, _add_err, _round, the tracker's symbols); every
+# other rule (Concat, Where, Softmax, Gemm, Conv, the QDQ rules, any added later) gets the
+# dense forms (ZonoTrack.step): correct by construction
+def _local_rules() -> frozenset[str]:
+    from kcverify.bounds.rules.shape import MOVEMENT
+
+    return frozenset({op for op in MOVEMENT if op != "Trilu"} | {
+        "Cast", "Gather", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Tanh", "Erf", "Sigmoid",
+        "Sqrt", "Reciprocal", "Gelu", "Relu", "MatMul", "LayerNormalization"})
+
+
+LOCAL_RULES = _local_rules()

@@ -342,7 +342,7 @@ def test_fresh_under_a_cap(seed: int) -> None:
     those of joining and then capping (a new row's score is its r), r holds the dropped old
     rows and the errors not made symbols, and the result encloses the input form."""
     rng = np.random.default_rng(seed)
-    zt = ZonoTrack(k_max=64)
+    zt = ZonoTrack(k_max=64, local=False)  # dense new symbols (test_zonotope_local: local)
     zt.k = 100
     f = _form(rng, (10, 9), list(range(100)), g=5e-4, r=0.05)  # 100 rows, ~81 nonzero r
     out = zt.fresh(f)
@@ -692,6 +692,7 @@ def _forms_given_input(graph, spec, names: list[str] | None, n_x: int, n_real: i
     missing = [nm for nm in names if nm not in zt.forms]
     assert not missing, f"no forms for {missing}"
     zx = zt.forms[x_name]
+    zx = type(zx)(zx.t.dense(), zx.i.dense())
     ids_in = zx.t.ids
     Gx = zx.t.G.reshape(zx.t.k, -1)
     elem = Gx.abs().argmax(1)  # one symbol per input element
@@ -712,6 +713,7 @@ def _forms_given_input(graph, spec, names: list[str] | None, n_x: int, n_real: i
             vt, vi = run(graph, rt, feeds, keep=True), run(graph, ri, feeds, keep=True)
             for nm in names:
                 z = zt.forms[nm]
+                z = type(z)(z.t.dense(), z.i.dense())  # every symbol as a row (merged: r pads)
                 yt, yi = vt[nm].double(), vi[nm].double()
                 parts = {"train": (yt, [z.t], [1], 0 * yt), "inf": (yi, [z.i], [1], 0 * yi),
                          "drift": (yi - yt, [z.i, z.t], [1, -1], U * (yi - yt).abs())}

@@ -510,15 +510,17 @@ class Program:
             if b is not None:
                 y = y + b
             return within(y, self.C, 1.0, self.rounding, self.rng(4))
-        acc = self.ln_form in ("two_pass_acc", "welford")  # moments kept in the accumulator
+        acc = self.ln_form == "two_pass_acc"  # mean and variance kept in the accumulator
         if self.ln_form == "welford":  # a Welford / Chan tree (welford.py), torch's family
             from tests.soundness.adversarial import welford as wf
 
             form = self.wf_form if self.wf_form is not None else wf.Form()
             mu, M = wf.moments(xf, wf.build(self.wf_tree, n, self.seed), form, self.A)
-            mu = mu[..., None]
+            # the root's mean and fl(M / n) stored in the compute format within ulps("reduce")
+            # and ulps("div") (docs/bounds.md, 8632d58)
+            mu = self.prim(mu, "reduce", 5)[..., None]
             c = self.sub(xf, mu, salt=6)
-            v = rnd(M / n, self.A)[..., None]
+            v = self.prim(rnd(M / n, self.A), "div", 8)[..., None]
         else:
             s = self.row_sum(xf, salt=5, store=not acc)
             mu = (rnd(s / n, self.A) if acc else self.div(s, float(n)))[..., None]

@@ -175,3 +175,40 @@ def test_leaves_on_mlp_tiny_midpoints(acts: str) -> None:
     found, _ = leaf_attack("cases/leaves/mlp_tiny", shipped("mlp_tiny"), sp,
                            {"x": x.astype(np.float32)}, _programs(sp))
     assert not found, "\n".join(found[:3])
+
+
+@pytest.mark.parametrize("name", ["1x1-stride2", "stride-dil-pad"])
+def test_cases_on_a_convolution(name: str) -> None:
+    """By cases on a Conv (its sites are the unfolded columns: a decision forces one copy of an
+    element, a superset of the programs, which cast every copy alike): inputs at e4m3 midpoints
+    +- one fp32 ulp, the amax at an element no window reads (1x1 stride 2); every pair's
+    max |drift| within the cases' bound, which is at most the plain interval bound."""
+    from tests.soundness.adversarial.test_conv import CONV_SPECS, GEOMS, conv_model
+
+    sp = CONV_SPECS["e4m3_pt_fp32"]
+    model = named(conv_model(name))
+    rng = np.random.default_rng(31)
+    xs = GEOMS[name][0]
+    x = np.stack([fp8_midpoints(xs[1:], "fp8_e4m3", rng, amax=a) for a in (1.3, 0.45)])
+    if name == "1x1-stride2":
+        x[:, 0, 1, 1], x[:, 0, 0, 0] = x[:, 0, 0, 0], x[:, 0, 1, 1]  # amax unread
+    x = x.astype(np.float32)
+    g = graph_of(model)
+    res = cases.certify_cases(g, TRAIN, sp, {"x": x}, max_leaves=16)
+    with np.errstate(all="ignore"):
+        plain = np.asarray(certify_drift(g, TRAIN, sp, {"x": x}, domain="interval").linf)
+    assert np.all(res.linf <= plain * (1 + 1e-12) + 1e-300), (res.linf, plain)
+    run = ProgramRunner(model)
+    st = SESSION[f"cases/conv/{name}"]
+    found = []
+    for pt, pi in _programs(sp):
+        with np.errstate(all="ignore"):
+            d = np.abs(run(pi, {"x": x})["y"] - run(pt, {"x": x})["y"]).reshape(2, -1).max(1)
+        st.pairs += 2
+        for b in np.nonzero(~(d <= res.linf))[0]:
+            found.append(f"input {b}: {pt} / {pi}: drift {d[b]!r} > cases bound {res.linf[b]!r}")
+        ok = res.linf > 0
+        if np.any(ok):
+            st.worst_drift = max(st.worst_drift, float(np.max(d[ok] / res.linf[ok])))
+    st.violations += found
+    assert not found, "\n".join(found[:3])

@@ -60,9 +60,11 @@ def welford_programs(sp, n: int) -> list[Program]:
     out = []
     for k, shape in enumerate(SHAPES):
         form = FORMS[k % len(FORMS)]
+        rounding = ("nearest", "up", "down")[k % 3]
         out.append(Program(sp, ln_form="welford", wf_tree=shape, wf_form=form, seed=k,
+                           rounding=rounding,
                            label=f"welford/{shape}/{form.mean}/{form.c}/{form.term}/"
-                                 f"{form.msum}/{form.welford}"))
+                                 f"{form.msum}/{form.welford}/{rounding}"))
     return out
 
 

@@ -7,6 +7,7 @@ drift and worst excursion (distance from the certified interval's centre over it
     python bench/adversarial.py --scale 0.05    # a quick look
     python bench/adversarial.py --parts mlp,rules --depth 4
     python bench/adversarial.py --parts fp8 --scale 0.75 --depth 4   # fp8 activations, ~30 min
+    python bench/adversarial.py --parts conv --depth 4                # Conv geometries x specs
 """
 
 from __future__ import annotations

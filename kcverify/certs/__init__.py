@@ -19,6 +19,6 @@ __all__ = ["RULES", "CertificateBuilder", "Rule", "RuleContext", "RuleError", "g
            "kernel_spec_digest", "read_certificate", "register_rule", "validate_statement",
            "write_certificate"]
 
+import kcverify.certs.cases_rule  # noqa: E402,F401  (registers "case-split"; torch when used)
 import kcverify.certs.smt_rule  # noqa: E402,F401  (registers "smt-block"; z3 loads only when used)
 import kcverify.certs.split_rule  # noqa: E402,F401  (registers "split-cover"; torch when used)
-import kcverify.certs.cases_rule  # noqa: E402,F401  (registers "case-split"; torch when used)

@@ -12,7 +12,7 @@ import pytest
 from kcverify.cli import main
 
 
-@pytest.mark.campaign  # 11 min (10.5 CPU min) at load 3 in session 3, 51 s in session 2
+@pytest.mark.slow
 def test_w8_probe_is_proved_and_checks(tmp_path: Path, workspace) -> None:  # type: ignore[no-untyped-def]
     model, contract = workspace("tiny_decoder.onnx", "w8-decoder.yaml")
     report = tmp_path / "out" / "report.json"

@@ -46,6 +46,7 @@ def _kernel(k: KernelSpec) -> dict[str, Any]:
     if k.activations is not None:
         out["activations"] = _cast(k.activations)
     out["rounding"] = k.rounding
+    out["moments"] = k.moments  # LayerNorm's moments family (sums, welford or any)
     out["ulps"] = {p: float(v) for p, v in k.ulps.items()}
     if k.onnx is not None:
         out["onnx"] = k.onnx

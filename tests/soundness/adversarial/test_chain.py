@@ -139,7 +139,7 @@ def test_acas_boxes_and_halves(sp_name: str) -> None:
     assert not found, "\n".join(found[:3])
 
 
-@pytest.mark.slow
+@pytest.mark.campaign  # ~100 s each (session 3); CI keeps the shorter rows / boxes
 @pytest.mark.parametrize("net", ["2_3", "3_5", "5_9"])
 def test_acas_more_networks(net: str) -> None:
     model = _acas(net)

@@ -148,7 +148,7 @@ def test_welford_bf16_inference() -> None:
     assert not found, "\n".join(found[:3])
 
 
-@pytest.mark.slow
+@pytest.mark.campaign  # ~100 s each (session 3); CI keeps the shorter rows / boxes
 @pytest.mark.parametrize("n", [4096, 4103])
 @pytest.mark.parametrize("kind", ["large-mean", "few-ulp", "cancel", "step", "ramp"])
 def test_welford_long_rows(kind: str, n: int) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from kcverify.certs.encoding import fx, unfx_list
 from kcverify.certs.rules import Rule, RuleContext, RuleError, register_rule
 
-METHODS = ("chain", "engine:interval", "engine:best")
+METHODS = ("chain", "chain:alpha2", "engine:interval", "engine:best")
 BATCH = 512  # parts re-bounded together
 
 
@@ -28,7 +28,9 @@ class SplitCover(Rule):
 
     Leaf (no premises). Params: ``graph`` (the model as base64 ONNX) and ``graph_digest``;
     ``kernels`` {train, inf: canonical specs}; ``method`` (``chain``: the affine-ReLU chain
-    domain with back-substitution, kcverify.regions.chain; ``engine:interval`` /
+    domain with back-substitution, kcverify.regions.chain; ``chain:alpha2``: the same with the
+    intermediate value bounds' lower slopes optimised by 2 projected-gradient steps, which the
+    checker re-runs; ``engine:interval`` /
     ``engine:best``: kcverify.bounds.certify_drift on the part's box); ``input`` and ``shape``
     (the model's float input and its shape without the batch axis); ``tensor`` (the output);
     ``region`` {lo, hi} (hex, flattened input); ``tree`` (the partition: a bisection tree in

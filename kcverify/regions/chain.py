@@ -80,6 +80,22 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def chain_method(alpha_iters: int) -> str:
+    """The name of the chain domain with ``alpha_iters`` slope-optimisation steps, as a
+    split-cover certificate records it: ``chain`` (CROWN's slopes) or ``chain:alpha<N>``."""
+    return "chain" if not alpha_iters else f"chain:alpha{int(alpha_iters)}"
+
+
+def alpha_of(method: str) -> int:
+    """The slope-optimisation steps of a chain method name (``chain_method``'s inverse);
+    ValueError for a name that is not one."""
+    if method == "chain":
+        return 0
+    if method.startswith("chain:alpha") and method[11:].isdigit() and int(method[11:]) > 0:
+        return int(method[11:])
+    raise ValueError(f"not a chain method: {method!r}")
+
+
 class NotAChain(Exception):
     """The model is not an affine-ReLU chain (the reason says which node)."""
 
@@ -389,7 +405,7 @@ class ChainBounds:
     """The chain domain for one chain and a pair of kernels (or one kernel: ``inf=None``)."""
 
     def __init__(self, chain: AffineChain, train: KernelSpec, inf: KernelSpec | None = None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", alpha_iters: int = 0) -> None:
         for s in (train, inf):
             why = None if s is None else supported(s)
             if why:
@@ -399,6 +415,9 @@ class ChainBounds:
         self.specs = [train] if inf is None else [train, inf]
         self.crown = True  # intermediate bounds by back-substitution (else forward forms only)
         self.crown_drift = True
+        # optimised lower slopes (alpha-CROWN) for the intermediate value bounds: the number of
+        # projected-gradient steps per back-substitution (0: CROWN's 0/1 slopes)
+        self.alpha_iters = int(alpha_iters)
         self.kernels = [self._prepare(s) for s in self.specs]
         self.dW: list[Any] = []
         self.stacked: dict[int, torch.Tensor] = {}  # [W_t^T; dW^T] per affine step
@@ -550,7 +569,9 @@ class ChainBounds:
             return l_, h_
         K = len(self.kernels)
         for k in range(1 if want_d else K):
-            lo[k], hi[k] = meet(lo[k], hi[k], backward_value(self, sub, k, C2, j))
+            slopes = optimise_slopes(self, sub, k, C2, j, self.alpha_iters) \
+                if self.alpha_iters else None
+            lo[k], hi[k] = meet(lo[k], hi[k], backward_value(self, sub, k, C2, j, slopes=slopes))
         if want_d and self.crown_drift:
             dlo, dhi = meet(dlo, dhi, backward_drift(self, sub, C2, j))
         if want_d:
@@ -855,6 +876,78 @@ def _drift_relax(lt, ht, li, hi, dl, dh) -> tuple:  # noqa: ANN001 - tensors (ba
     return (pu, qu, ru), (pl, qlo, rlo), (su_t, iu_t, sl_t)
 
 
+def _slope(a: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, sl: torch.Tensor
+           ) -> torch.Tensor:
+    """Lower slopes (batch, q, n) in [0, 1] where the neuron is unstable on [lo, hi], else the
+    exact 0 / 1 of ``sl``."""
+    unstable = ((lo < 0) & (hi > 0))[:, None, :]
+    return torch.where(unstable, a.clamp(0, 1), _at(sl).expand_as(a))
+
+
+ALPHA_STEP = 0.5  # the largest change of a slope per step
+ALPHA_DAMP = 0.1  # a component's step is STEP g / (|g| + DAMP max|g|): continuous in g
+
+
+def optimise_slopes(cb: ChainBounds, r: Bounds, k: int | None, C: torch.Tensor, upto: int,
+                    iters: int) -> dict[int, torch.Tensor]:
+    """Lower slopes of the unstable ReLUs before step ``upto`` that make the back-substituted
+    upper bounds of C v_k small (alpha-CROWN: one slope per objective row and neuron), by
+    ``iters`` projected-gradient steps on ``backward_value(plain=True)`` from CROWN's 0/1
+    slopes; ``k`` None: the lower slopes of the training value in ``backward_drift`` for the
+    upper bounds of C (v_inf - v_train). Per row the
+    best slopes seen are kept (CROWN's among them). Any slope in [0, 1] is sound, so this is a
+    heuristic whose result ``backward_value(slopes=...)`` turns into a bound. Deterministic, and
+    continuous in its inputs (a normalised step, no sign()): a checker that re-runs it on
+    another batch composition finds the same slopes up to rounding."""
+    q = C.shape[1]
+    alphas: dict[int, torch.Tensor] = {}
+    for j in range(upto):
+        tr = r.trace[j]
+        if cb.chain.steps[j].kind != "relu":
+            continue
+        lo, hi = tr["lo"][k or 0], tr["hi"][k or 0]
+        if "relax0" not in tr:
+            tr["relax0"] = _relu_relax(tr["lo"][0], tr["hi"][0])
+        if k and f"relax{k}" not in tr:
+            tr[f"relax{k}"] = _relu_relax(lo, hi)
+        if bool(((lo < 0) & (hi > 0)).any()):
+            alphas[j] = tr[f"relax{k or 0}"][2][:, None, :].expand(-1, q, -1).clone()
+    if not alphas:
+        return {}
+    best = {j: a.clone() for j, a in alphas.items()}
+    best_v = None
+    with torch.enable_grad():
+        for it in range(iters + 1):
+            for a in alphas.values():
+                a.requires_grad_(True)
+                a.grad = None
+            v = backward_value(cb, r, k, C, upto, slopes=alphas, plain=True) if k is not None \
+                else backward_drift(cb, r, C, upto, slopes=alphas, plain=True)
+            with torch.no_grad():
+                vv = torch.where(torch.isfinite(v), v, torch.full_like(v, INF))
+                better = torch.ones_like(vv, dtype=torch.bool) if best_v is None else vv < best_v
+                best_v = vv if best_v is None else torch.where(better, vv, best_v)
+                for j, a in alphas.items():
+                    best[j] = torch.where(better[:, :, None], a.detach(), best[j])
+            if it == iters:
+                break
+            v.sum().backward()
+            with torch.no_grad():
+                grads = {j: torch.nan_to_num(a.grad, nan=0.0, posinf=0.0, neginf=0.0)
+                         for j, a in alphas.items()}
+                gm = torch.stack([g.abs().amax(-1) for g in grads.values()]).amax(0)
+                gm = (ALPHA_DAMP * gm)[:, :, None] + TINY
+                for j, a in list(alphas.items()):
+                    g = grads[j]
+                    alphas[j] = (a.detach() - ALPHA_STEP * g / (g.abs() + gm)).clamp(0, 1)
+    return best
+
+
+def _plain_upper(box: Box, Lam: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """max over the box of Lam x + c in plain float64 (no rounding pad: not a bound)."""
+    return torch.maximum(Lam * box.lo[:, None, :, 0], Lam * box.hi[:, None, :, 0]).sum(-1) + c
+
+
 def _concretize_upper(box: Box, Lam: torch.Tensor, c: torch.Tensor, pad: torch.Tensor
                       ) -> torch.Tensor:
     """max over the box of Lam x + c (Lam (batch, q, m)), plus pad, rounded up."""
@@ -865,10 +958,18 @@ def _concretize_upper(box: Box, Lam: torch.Tensor, c: torch.Tensor, pad: torch.T
 
 
 def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
-                   upto: int | None = None, coefficients: list | None = None) -> torch.Tensor:
+                   upto: int | None = None, coefficients: list | None = None,
+                   slopes: dict[int, torch.Tensor] | None = None, plain: bool = False
+                   ) -> torch.Tensor:
     """Upper bounds of C v_k over each box, v_k the output of kernel k (C (batch, q, n_out)):
     the objective back-substituted through the relaxations fixed by the forward pass (CROWN),
-    with every kernel error and float64 rounding added. Lower bounds: -backward_value(-C)."""
+    with every kernel error and float64 rounding added. Lower bounds: -backward_value(-C).
+
+    ``slopes``: per ReLU step j, lower slopes (batch, q, n) to use instead of CROWN's 0/1 choice
+    (``optimise_slopes``): relu(z) >= a z holds for every z when 0 <= a <= 1, so any such slope
+    keeps the bound sound; the slopes of stable neurons are ignored (their relaxation is exact).
+    ``plain``: the same in plain float64 without the verifier's rounding pads (differentiable in
+    the slopes; not a bound): what ``optimise_slopes`` descends."""
     Lam = C.to(F64)
     c = torch.zeros(Lam.shape[:2], dtype=F64, device=Lam.device)
     pad = torch.zeros_like(c)
@@ -885,10 +986,12 @@ def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
             P, N = Lam.clamp(min=0), Lam.clamp(max=0)
             term = P * _at(iu)
             c = c + term.sum(-1)
-            Lam = P * _at(su) + N * _at(sl)
-            # the new coefficients' rounding (times |z|), and the n-term sum added to c
-            pad = pad + 4 * U64 * (Lam.abs() * _at(amag)).sum(-1) \
-                + (Lam.shape[-1] + 4) * U64 * term.abs().sum(-1)
+            a = _at(sl) if slopes is None or j not in slopes else _slope(slopes[j], lo, tr["hi"][k],
+                                                                           sl)
+            Lam = P * _at(su) + N * a
+            if not plain:  # the new coefficients' rounding (times |z|), the n-term sum in c
+                pad = pad + 4 * U64 * (Lam.abs() * _at(amag)).sum(-1) \
+                    + (Lam.shape[-1] + 4) * U64 * term.abs().sum(-1)
             continue
         e = tr["err"][k]
         n = Lam.shape[-1]
@@ -898,7 +1001,8 @@ def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
             if bias is not None:
                 term = term + Lam * _at(bias[0])
             Lnew = Lam @ Wm.T
-            pad = pad + (n + 4) * U64 * (Lam.abs() * _at(tr[f"wmag{k}"])).sum(-1)
+            if not plain:
+                pad = pad + (n + 4) * U64 * (Lam.abs() * _at(tr[f"wmag{k}"])).sum(-1)
         elif st.kind == "shift":
             term = term + Lam * _at(kern.mats[j][0])
             Lnew = Lam
@@ -906,11 +1010,15 @@ def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
             cm = kern.mats[j][0]
             sc = cm if st.prim == "mul" else 1.0 / cm
             Lnew = Lam * _at(sc.expand_as(lo))
-            pad = pad + 4 * U64 * (Lnew.abs() * _at(amag)).sum(-1)
+            if not plain:
+                pad = pad + 4 * U64 * (Lnew.abs() * _at(amag)).sum(-1)
         c = c + term.sum(-1)
-        pad = pad + (n + 4) * U64 * term.abs().sum(-1)
+        if not plain:
+            pad = pad + (n + 4) * U64 * term.abs().sum(-1)
         Lam = Lnew
     c = c + (Lam.abs() * _at(r.input_err[k])).sum(-1)
+    if plain:
+        return _plain_upper(r.box, Lam, c)
     pad = pad + (Lam.shape[-1] + 8) * U64 * c.abs() + 16 * U64 * (Lam.abs() * _at(
         r.input_err[k])).sum(-1)
     if coefficients is not None:
@@ -919,11 +1027,14 @@ def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
 
 
 def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None = None,
-                   coefficients: list | None = None) -> torch.Tensor:
+                   coefficients: list | None = None,
+                   slopes: dict[int, torch.Tensor] | None = None, plain: bool = False
+                   ) -> torch.Tensor:
     """Upper bounds of C (v_inf - v_train) at the output over each box (C (batch, q, n_out)):
     back-substitution through the joint relaxations of (training value, drift) per layer
     (module doc); the training kernel's own error e_t enters both channels, so it is counted
-    once as |Lam_t - Lam_d| e_t. Lower bounds: -backward_drift(-C)."""
+    once as |Lam_t - Lam_d| e_t. Lower bounds: -backward_drift(-C). ``slopes``, ``plain``: the
+    training value's lower slopes and plain mode, as in ``backward_value``."""
     Ld = C.to(F64)
     Lt = torch.zeros_like(Ld)
     c = torch.zeros(Ld.shape[:2], dtype=F64, device=Ld.device)
@@ -941,12 +1052,14 @@ def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None
             Pd, Nd = Ld.clamp(min=0), Ld.clamp(max=0)
             term = Pt * _at(iu) + Pd * _at(ru) + Nd * _at(rl)
             c = c + term.sum(-1)
-            Lt = Pt * _at(su) + Nt * _at(sl) + Pd * _at(pu) + Nd * _at(pl)
+            a = _at(sl) if slopes is None or j not in slopes else _slope(slopes[j], lt, ht, sl)
+            Lt = Pt * _at(su) + Nt * a + Pd * _at(pu) + Nd * _at(pl)
             Ld = Pd * _at(qu) + Nd * _at(ql)
-            pad = pad + 8 * U64 * ((((Pt.abs() * _at(su) + Nt.abs() * _at(sl)) + Pd.abs() * _at(
-                pu.abs()) + Nd.abs() * _at(pl.abs())) * _at(tmag)).sum(-1)
-                + (Ld.abs() * _at(dmag)).sum(-1)) + (Ld.shape[-1] + 8) * U64 * term.abs().sum(-1) \
-                + TINY
+            if not plain:
+                pad = pad + 8 * U64 * ((((Pt.abs() * _at(su) + Nt.abs() * a) + Pd.abs() * _at(
+                    pu.abs()) + Nd.abs() * _at(pl.abs())) * _at(tmag)).sum(-1)
+                    + (Ld.abs() * _at(dmag)).sum(-1)) \
+                    + (Ld.shape[-1] + 8) * U64 * term.abs().sum(-1) + TINY
             continue
         et, ei = tr["err"]
         n = Ld.shape[-1]
@@ -963,8 +1076,9 @@ def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None
             term = term + Lt * _at(bmt) + Ld * _at(db) + Ld.abs() * _at(4 * U64 * db.abs())
             nt = torch.cat([Lt, Ld], -1) @ cb.stacked[j]
             nd = Ld @ Wi.T
-            pad = pad + (n + 4) * U64 * ((Lt.abs() * _at(tr["wmag0"])).sum(-1)
-                                         + (Ld.abs() * _at(tr["wmag_d"])).sum(-1))
+            if not plain:
+                pad = pad + (n + 4) * U64 * ((Lt.abs() * _at(tr["wmag0"])).sum(-1)
+                                             + (Ld.abs() * _at(tr["wmag_d"])).sum(-1))
             Lt, Ld = nt, nd
         elif st.kind == "shift":
             cmt, cmi = kt.mats[j][0], ki.mats[j][0]
@@ -974,15 +1088,20 @@ def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None
             cm = kt.mats[j][0]
             sc = (cm if st.prim == "mul" else 1.0 / cm).expand_as(lt)
             Lt, Ld = Lt * _at(sc), Ld * _at(sc)
-            pad = pad + 4 * U64 * ((Lt.abs() * _at(tmag)).sum(-1) + (Ld.abs() * _at(dmag)).sum(-1))
+            if not plain:
+                pad = pad + 4 * U64 * ((Lt.abs() * _at(tmag)).sum(-1)
+                                       + (Ld.abs() * _at(dmag)).sum(-1))
         c = c + term.sum(-1)
-        pad = pad + (n + 4) * U64 * term.abs().sum(-1)
+        if not plain:
+            pad = pad + (n + 4) * U64 * term.abs().sum(-1)
     et, ei = r.input_err
     if cb.specs[0].compute == cb.specs[1].compute:  # the same stored value: no input drift
         term = Lt.abs() * _at(et)
     else:
         term = (Lt - Ld).abs() * _at(et) + Ld.abs() * _at(ei)
     c = c + term.sum(-1)
+    if plain:
+        return _plain_upper(r.box, Lt, c)
     pad = pad + (Lt.shape[-1] + 8) * U64 * (c.abs() + term.abs().sum(-1))
     if coefficients is not None:  # the bound's linear function of x: a split heuristic's input
         coefficients.append(Lt)

@@ -48,7 +48,7 @@ def test_proved_and_checks(proved: tuple[Path, Path, dict]) -> None:
     assert clause["verdict"] == "proved" and clause["bound"] <= 0.05
     node = _split_node(json.loads(cert.read_text()))
     params = node["params"]
-    assert params["method"] == "chain" and params["tree"].count(-1) == len(params["claims"]) > 1
+    assert params["method"] == "chain:alpha2" and params["tree"].count(-1) == len(params["claims"]) > 1
     assert max(unfx_list(params["claims"])) == clause["bound"]
     assert main(["check", str(cert), str(model), str(CONTRACT)]) == 0
 
@@ -86,6 +86,21 @@ def test_partition_must_cover(proved: tuple[Path, Path, dict], tmp_path: Path,
         p["region"]["hi"] = [float(v).hex() for v in hi]
     assert _tampered(proved, tmp_path, shrink) == 1
     assert "does not contain the inputs of slice 'p1'" in capsys.readouterr().out
+
+
+def test_method_is_the_one_replayed(proved: tuple[Path, Path, dict], tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The checker re-bounds with the recorded method: the optimised slopes' claims do not
+    hold for CROWN's 0 / 1 slopes, and a method it does not know is rejected."""
+    def crown(p: dict) -> None:
+        p["method"] = "chain"
+    assert _tampered(proved, tmp_path, crown) == 1
+    assert "exceeds the claim" in capsys.readouterr().out
+
+    def unknown(p: dict) -> None:
+        p["method"] = "chain:alpha7"
+    assert _tampered(proved, tmp_path, unknown) == 1
+    assert "unknown method 'chain:alpha7'" in capsys.readouterr().out
 
 
 def test_vnnlib_slice_data(acas: Path) -> None:

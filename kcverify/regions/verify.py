@@ -30,7 +30,7 @@ import torch
 
 from kcverify.dsl.vnnlib import Case, VnnProperty
 from kcverify.errors import KcverifyError
-from kcverify.regions.chain import ChainBounds, NotAChain, extract_chain, one_thread
+from kcverify.regions.chain import ChainBounds, NotAChain, chain_method, extract_chain, one_thread
 from kcverify.regions.falsify import (
     ChainNet,
     Witness,
@@ -43,6 +43,7 @@ from kcverify.regions.property import AtomTable, EngineObjective, PropertyObject
 from kcverify.regions.split import branch_and_bound, cut_options
 
 ANSWERS = ("unsat", "sat", "unknown", "timeout")
+ALPHA_ITERS = 2  # the chain domain's slope-optimisation steps (ChainBounds; docs/regions.md)
 
 
 @dataclass
@@ -130,8 +131,8 @@ def _verify(model: str | os.PathLike[str] | Any, prop: VnnProperty, spec: Any, t
     cb = None
     notes: list[str] = []
     try:
-        cb = ChainBounds(extract_chain(graph), spec, None, device=device)
-        method = "chain"
+        cb = ChainBounds(extract_chain(graph), spec, None, device=device, alpha_iters=ALPHA_ITERS)
+        method = chain_method(ALPHA_ITERS)
     except NotAChain as e:
         method = "engine:interval"
         notes.append(f"not the chain domain ({e}): the bound engine's intervals on each part")

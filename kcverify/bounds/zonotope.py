@@ -104,6 +104,7 @@ ELEMENT_BUDGET = 2**24  # and at most this many generator entries (k * numel) pe
 
 # --- forms ----------------------------------------------------------------------------------
 NO_IDS = torch.zeros(0, dtype=torch.int64)
+CAST_TRACE: Callable | None = None  # diagnostics: called with each cast operand's choices
 
 
 @dataclass(init=False, eq=False)
@@ -1374,6 +1375,72 @@ def _scale_branches(ctx: RuleCtx, spec: KernelSpec, cs: Any, f: Form, lo: torch.
     return centre, torch.where(ok, noise, torch.full_like(noise, float("inf"))), G
 
 
+BRANCH_SYMBOLS = 5  # binary symbols per element a cast is evaluated on, all 2^k branches
+
+
+def _binary_branches(f: Form, brow: torch.Tensor, q_of: Callable, s_lo: torch.Tensor,
+                     s_hi: torch.Tensor, deq: float, kmax: int = BRANCH_SYMBOLS
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The cast of x as a function of the binary symbols x depends on (issue 12).
+
+    A straddled rounding upstream is a binary symbol b in {-1, +1}: the programs went one way
+    or the other. Downstream, x = c + sum_j g_j b_j + w (the k binary symbols of largest
+    |g_j| at the element, w the rest: other symbols and r). When, for each of the 2^k sign
+    vectors sigma, the quotient of [c + g.sigma - w, c + g.sigma + w] rounds to one value
+    q(sigma), the cast is an exact function of b: q(b) = sum_S qh_S chi_S(b) (its Walsh
+    expansion, chi_S the product of the b_j, j in S; qh_S = 2^-k sum_sigma q(sigma) chi_S(sigma)).
+    The affine part (S of size <= 1) keeps the upstream symbols: centre s_mid qh_0 and
+    coefficient s_mid qh_j on b_j; the rest, |sum_{|S| >= 2} qh_S chi_S| <= sum |qh_S|, and the
+    scale's interval, |s - s_mid| max |q|, and the dequantisation go to the noise. So several
+    flipped roundings upstream leave the cast a function of those flips instead of a new,
+    independent flip. Returns (centre, G (f's rows), noise: inf where a branch straddles)."""
+    Gb = f.G[brow]
+    k = min(kmax, int(brow.numel()))
+    top = Gb.abs().topk(k, dim=0).indices  # (k, *shape): distinct rows per element
+    g = torch.gather(Gb, 0, top)
+    g_abs = g.abs().sum(0)
+    # w: every other symbol and r; plus the float64 error of c + g.sigma (k + 1 terms)
+    w = pad_hi((f.gsum() - g_abs).clamp_min(0.0) + f.r
+               + (k + 2) * U64 * (f.c.abs() + g_abs)) + TINY
+    n = 1 << k
+    qs, ok = [], torch.isfinite(f.c)
+    for m in range(n):
+        x = f.c.clone()
+        for j in range(k):
+            x = x + g[j] if (m >> j) & 1 else x - g[j]
+        q_lo, q_hi = q_of(x - w, x + w)
+        ok = ok & (q_lo == q_hi) & torch.isfinite(q_lo)
+        qs.append(torch.where(ok, q_lo, torch.zeros_like(q_lo)))
+    Q = torch.stack(qs)  # (2^k, *shape): format values, exact
+    sig = torch.tensor([[1.0 if (m >> j) & 1 else -1.0 for m in range(n)] for j in range(k)],
+                       dtype=F64, device=Q.device)  # (k, 2^k)
+    chi = torch.ones((n, n), dtype=F64, device=Q.device)  # chi[S, m] = prod_{j in S} sigma_j(m)
+    for S in range(n):
+        for j in range(k):
+            if (S >> j) & 1:
+                chi[S] = chi[S] * sig[j]
+    # sums of 2^k format values, then a power of two: exact in float64 for fp8 / bf16 / fp16
+    # formats (their values span < 2^40); an error term covers the rest anyway
+    qh = torch.tensordot(chi, Q, dims=1) / n
+    qmax = Q.abs().amax(0)
+    single = torch.tensor([1 << j for j in range(k)], device=Q.device)
+    first = qh[single]  # (k, *shape): the coefficient of b_j
+    higher = qh.abs().sum(0) - qh[0].abs() - first.abs().sum(0)
+    higher = pad_hi(higher.clamp_min(0.0) + (n + 4) * U64 * n * qmax)
+    s_mid = 0.5 * s_lo + 0.5 * s_hi
+    s_hw = pad_hi(torch.maximum(s_hi - s_mid, s_mid - s_lo).clamp_min(0.0))
+    centre = s_mid * qh[0]
+    coef = s_mid * first
+    noise = (s_hw * qmax + s_hi * higher + (2 * deq + 1e-15) * s_hi * qmax
+             + 4 * U64 * (centre.abs() + coef.abs().sum(0)))
+    noise = pad_hi(noise) + TINY
+    ok = ok & torch.isfinite(centre) & torch.isfinite(noise)
+    G = torch.zeros_like(f.G)
+    G.scatter_(0, brow[top], torch.where(ok, coef, torch.zeros_like(coef)))
+    return (torch.where(ok, centre, torch.zeros_like(centre)), G,
+            torch.where(ok, noise, torch.full_like(noise, float("inf"))))
+
+
 def _normalized_cast(spec: KernelSpec, cs: Any, f: Form, lo: torch.Tensor, hi: torch.Tensor,
                      sample_axis: Any, batch: int | None, deq: float
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -1516,17 +1583,8 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
         rows = torch.isin(f.ids, zt.binary) if zt.binary.numel() and f.k else None
         if rows is not None and bool(rows.any()):
             brow = torch.nonzero(rows).reshape(-1).to(f.G.device)
-            Gb = f.G[brow]
-            j = Gb.abs().argmax(0, keepdim=True)  # the dominant binary symbol per element
-            g = torch.gather(Gb, 0, j)[0]
-            w = pad_hi((f.gsum() - g.abs()).clamp_min(0.0) + f.r) + TINY
-            qp_lo, qp_hi = q_of(pad_lo(f.c + g - w), pad_hi(f.c + g + w))
-            qm_lo, qm_hi = q_of(pad_lo(f.c - g - w), pad_hi(f.c - g + w))
-            c3, g3, n3 = _scaled(s_lo, s_hi, qm_lo, qp_lo, deq)
-            ok3 = (qp_lo == qp_hi) & (qm_lo == qm_hi) & torch.isfinite(c3)
-            noise[3] = torch.where(ok3, n3, inf)
-            G_branch = torch.zeros_like(f.G)
-            G_branch.scatter_(0, brow[j], g3.unsqueeze(0))
+            c3, G_branch, noise[3] = _binary_branches(f, brow, q_of, s_lo, s_hi, deq)
+            n3 = noise[3]
             sb = _scale_branches(ctx, spec, cs, f, lo, hi, brow, side, sample_axis, deq)
             if sb is not None:
                 c4, n4, G_scale = sb
@@ -1535,7 +1593,11 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
           if cs is not None and not weight and f.k else None)
     if nc is not None:
         c5, noise[5], G5 = nc
-    best = torch.stack(noise).argmin(0)
+    cost = list(noise)
+    if plan is not None:  # a new binary symbol is new uncertainty too (half its size counts:
+        # two points, on whose branches downstream casts can still be exact, _binary_branches)
+        cost[2] = noise[2] + torch.where(adj, 0.5 * g2.abs(), torch.zeros_like(g2))
+    best = torch.stack(cost).argmin(0)
     c = torch.where(best == 0, f.c + e_mid, i_mid)
     r = torch.where(best == 0, pad_hi(f.r + e_hw + 2 * U64 * (f.c.abs() + e_mid.abs())) + TINY, i_hw)
     G = torch.where(best == 0, f.G, torch.zeros_like(f.G))
@@ -1555,6 +1617,8 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
         r = torch.where(best == 5, noise[5], r)
         G = torch.where(best == 5, G5, G)
     out = f.like(c, G, r)
+    if CAST_TRACE is not None:
+        CAST_TRACE(ctx.node.name, side, k, best, noise, f, zt)
     if plan is not None:
         new = (best == 2) & adj
         if bool(new.any()):

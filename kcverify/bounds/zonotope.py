@@ -1376,6 +1376,7 @@ def _scale_branches(ctx: RuleCtx, spec: KernelSpec, cs: Any, f: Form, lo: torch.
 
 
 BRANCH_SYMBOLS = 5  # binary symbols per element a cast is evaluated on, all 2^k branches
+BINARY_COST = 0.5  # a new binary symbol's share of its coefficient when cast options compete
 
 
 def _binary_branches(f: Form, brow: torch.Tensor, q_of: Callable, s_lo: torch.Tensor,
@@ -1596,7 +1597,7 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
     cost = list(noise)
     if plan is not None:  # a new binary symbol is new uncertainty too (half its size counts:
         # two points, on whose branches downstream casts can still be exact, _binary_branches)
-        cost[2] = noise[2] + torch.where(adj, 0.5 * g2.abs(), torch.zeros_like(g2))
+        cost[2] = noise[2] + torch.where(adj, BINARY_COST * g2.abs(), torch.zeros_like(g2))
     best = torch.stack(cost).argmin(0)
     c = torch.where(best == 0, f.c + e_mid, i_mid)
     r = torch.where(best == 0, pad_hi(f.r + e_hw + 2 * U64 * (f.c.abs() + e_mid.abs())) + TINY, i_hw)

@@ -136,3 +136,82 @@ def test_branches_are_affine_in_one_symbol() -> None:
     assert torch.equal(centre, torch.tensor([100.0 * s, -38.0 * s], dtype=F64))
     assert torch.equal(Gout[0], torch.tensor([4.0 * s, 2.0 * s], dtype=F64))
     assert bool((noise < 1e-12).all())
+
+
+# --- end to end: flips at fp8 midpoints, a cast downstream of several of them -----------------
+def _tie_model(seed: int, n: int = 8, h: int = 6):
+    from onnx import helper
+
+    from tests.soundness.adversarial.harness import chain_model
+
+    rng = np.random.default_rng(seed)
+    w1 = (rng.normal(size=(n, h)) * 0.5).astype(np.float32)
+    w1[:, 0] = 0.0
+    w1[0, 0] = 4.0  # y0 = 4 x0: y's amax, whatever the flips (its scale is certain)
+    w2 = rng.normal(size=(h, 3)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["y"]),
+             helper.make_node("MatMul", ["y", "w2"], ["z"])]
+    return chain_model(nodes, [("x", (1, n)), ("w1", w1), ("w2", w2)], ["z"], opset=17)
+
+
+def _tie_input(rng: np.random.Generator, n: int = 8) -> np.ndarray:
+    """x[0] = 3 sets the scale s = fl32(3 / 448) (no power of two); the others are fl32(m s) for
+    e4m3 midpoints m (three of them) or values q, moved by -1, 0 or +1 fp32 ulp: the exact
+    quotient and its fp32 rounding (ties to even) round the midpoints apart, so those casts are
+    genuine flips, and y depends on three of them."""
+    s = np.float32(np.float32(3.0) / np.float32(448.0))
+    x = np.zeros((1, n), np.float32)
+    x[0, 0] = 3.0
+    for j in range(1, n):
+        q = float(rne(torch.tensor(rng.uniform(8, 300), dtype=F64), FMT))
+        m = 0.5 * (q + float(Z.next_up(torch.tensor(q, dtype=F64), FMT))) if j <= 3 else q
+        v = np.float32(m * float(s)) * np.float32(rng.choice([-1, 1]))
+        x[0, j] = np.nextafter(v, np.float32(rng.choice([-np.inf, np.inf]))) if rng.random() < 0.6 else v
+    return x
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_flips_then_a_cast_hold_conforming_programs(seed: int, monkeypatch) -> None:
+    """The first cast's elements straddle (binary symbols); y depends on several of them; the
+    second cast may be evaluated on their branches. Conforming programs (the adversarial
+    suite's interpreter: orders, the quotient exact or in fp32, rescalings) lie inside."""
+    from kcverify.bounds import certify_drift
+    from kcverify.kernels.spec import parse_kernel_spec
+    from tests.soundness.adversarial.harness import Ledger, graph_of
+    from tests.soundness.adversarial.interp import ProgramRunner
+    from tests.soundness.adversarial.programs import Program
+
+    train = parse_kernel_spec("train", {"compute": "fp32", "accumulate": "fp32"})
+    inf = parse_kernel_spec("inf", {"compute": "fp32", "accumulate": "fp32",
+                                    "activations": {"format": "fp8_e4m3",
+                                                    "scale": "dynamic_per_tensor"}})
+    taken = []
+    orig = Z._binary_branches
+
+    def spy(*a, **k):
+        out = orig(*a, **k)
+        taken.append(int(torch.isfinite(out[2]).sum()))
+        return out
+    monkeypatch.setattr(Z, "_binary_branches", spy)
+    model = _tie_model(seed)
+    rng = np.random.default_rng(seed)
+    x = _tie_input(rng)
+    res = certify_drift(graph_of(model), train, inf, {"x": x}, domain="linear")
+    box = res.outputs["z"]
+    run = ProgramRunner(model)
+    led = Ledger()
+    found = []
+    zt = run(Program(train), {"x": x})["z"]
+    seen = set()
+    for o in ("seq", "rev", "greedy_up", "greedy_down"):
+        for q in ("exact", "fp32"):
+            for rescale in ("one", "two", "exact"):
+                p = Program(inf, order=o, quotient=q, rescale=rescale)
+                zi = run(p, {"x": x})["z"]
+                seen.add(zi.tobytes())
+                found += led.check("branches", box, zt, zi, f"{p}")
+    assert not found, found[:3]
+    assert len(seen) > 1, "the programs never rounded a tie apart: the input shows nothing"
+    print(f"seed {seed}: branch elements claimed {sum(taken)}, distinct programs {len(seen)}, "
+          f"bound {float(res.linf[0]):.4g}")
+    assert sum(taken) > 0, "the branch option was never claimed: the test shows nothing"

@@ -34,6 +34,10 @@ the constant. Concretizing a form over the box gives the interval bounds.
   r = z_i; train active: r >= d; train inactive: r in [0, relax(z_i)]; inf active: r <= d and
   r <= z_i; inf inactive: r in [-relax(z_t), 0]. Per neuron, of the valid forms the one with the
   tighter concretization is kept, and the concrete drift box is met with the value-set difference.
+* Back-substitution (CROWN, ``backward_value`` / ``backward_drift``) re-derives the intermediate
+  pre-activation boxes of unstable neurons and the outputs' bounds; with ``alpha_iters`` the
+  lower slopes of the intermediate value bounds are optimised per objective row
+  (``optimise_slopes``, alpha-CROWN: relu(z) >= a z for every a in [0, 1], so any slope is sound).
 
 Soundness of the verifier's own arithmetic: all forms are float64; every form operation adds a
 bound on its rounding error over the box (k u64 |coefficients| |x| + |constant|, k >= the number

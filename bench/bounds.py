@@ -19,6 +19,9 @@ fp8-deploy demo with fp8 activations), model and domain:
   sep/diff      separate-kernel baseline bound / differential bound (point inputs, and an
                 input/embedding box of radius --eps)
   unstable      unstable casts per input: fp8 roundings conforming programs may take either way
+With --cases N, a second line per domain ("+cases"): the bound by cases (at most N leaves per
+input), its cert/falsif, the leaves, the unstable casts left in them, and the CPU seconds per
+analysis run (one case of one input for a relational domain).
 Figures are medians over the batch; 'inf' means the domain gave no finite bound. Domains:
 interval (per block), linear (the whole graph as one block: intervals, symbolic intervals and
 the zonotope, so forms span every layer), best (per block: all three; what certificates store).
@@ -139,6 +142,9 @@ def main() -> None:
     ap.add_argument("--eps", type=float, default=0.0,
                     help="also bound a box of this radius around each input (0: points only)")
     ap.add_argument("--programs", type=int, default=3, help="program pairs the falsifier runs")
+    ap.add_argument("--cases", type=int, default=0,
+                    help="also bound each point input by cases (kcverify/bounds/cases.py) with "
+                         "at most this many leaves per input, in each domain (0: no)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: with more, small tensors mostly measure BLAS/OpenMP "
                          "start-up, for the forward pass and the bounds alike)")
@@ -205,6 +211,25 @@ def bench_contract(args, train, inf) -> None:
                       f"{med(res.linf):>11.4g}{med(fals):>11.4g}{ratio(res.linf, fals):>10.4g}"
                       f"{ratio(sep, res.linf):>10.4g}{unstable_text(res):>9}{box_txt}")
             sys.stdout.flush()
+            if args.cases > 0 and domain in ("interval", "best"):
+                bench_cases(args, graph, train, inf, feeds, name, domain, fals)
+
+
+def bench_cases(args, graph, train, inf, feeds, name: str, domain: str, fals) -> None:
+    """One line: the bound by cases per input (median), against the falsifier."""
+    from kcverify.bounds.cases import certify_cases
+
+    c = time.process_time()
+    res = certify_cases(graph, train, inf, feeds, max_leaves=args.cases, domain=domain,
+                        device=args.device)
+    cpu = time.process_time() - c
+    leaves = int(np.median([len(p) for p in res.leaves]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        print(f"{name:<14}{domain + '+cases':<16}bound {med(res.linf):.4g}  falsifier "
+              f"{med(fals):.4g}  cert/fals {ratio(res.linf, fals):.4g}  leaves {leaves}  "
+              f"unstable left {int(np.median(res.unstable_left))}  runs {res.runs}  "
+              f"cpu s/run {cpu / max(res.runs, 1):.1f}")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

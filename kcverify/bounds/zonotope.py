@@ -1409,7 +1409,7 @@ def _binary_branches(f: Form, brow: torch.Tensor, q_of: Callable, s_lo: torch.Te
         x = f.c.clone()
         for j in range(k):
             x = x + g[j] if (m >> j) & 1 else x - g[j]
-        q_lo, q_hi = q_of(x - w, x + w)
+        q_lo, q_hi = q_of(pad_lo(x - w), pad_hi(x + w))
         ok = ok & (q_lo == q_hi) & torch.isfinite(q_lo)
         qs.append(torch.where(ok, q_lo, torch.zeros_like(q_lo)))
     Q = torch.stack(qs)  # (2^k, *shape): format values, exact

@@ -19,12 +19,12 @@ from tests.regions.test_chain import FP16W, FP32, _check
 pytestmark = [pytest.mark.campaign, pytest.mark.slow]  # also slow: -m "not slow" skips them
 ROOT = Path(__file__).resolve().parents[2]
 NETS = [f"{a}_{b}" for a in range(1, 6) for b in range(1, 10)]
-MIN_PROVED_005 = 8  # set from the session-4 run (docs/regions.md), less a margin for load
+MIN_PROVED_005 = 8  # 23 proved in the session-4 run at load 3-4 (docs/regions.md); load margin
 
 
 def test_known_answers_never_wrong(acas: Path) -> None:
     """The 186 instances of ground_truth.csv (47 sat / 139 unsat) at 10 s each: no wrong answer;
-    at least 140 decided (154 measured under load 5-7 on 2 cores, docs/regions.md)."""
+    at least 140 decided (162 measured at load 3 on 2 cores, docs/regions.md)."""
     from kcverify.dsl.vnnlib import load_vnnlib
     from kcverify.regions.verify import verify_vnnlib
 
@@ -70,8 +70,8 @@ def test_neurodiff_table(acas: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("net", ["1_1", "2_7", "4_9", "5_5"])
 def test_alpha_chain_sound_on_parts(acas: Path, net: str) -> None:
     """Every value and drift of conforming programs (three pairs of orders and roundings) at
-    points of 24 random parts of property 1's box lies in the alpha-CROWN chain domain's boxes
-    and back-substituted bounds."""
+    float32 points of 24 random parts of property 1's box (those that round into them) lies in
+    the alpha-CROWN chain domain's boxes and back-substituted bounds."""
     from kcverify.models.ir import load_onnx
     from kcverify.regions.chain import extract_chain
 
@@ -83,4 +83,4 @@ def test_alpha_chain_sound_on_parts(acas: Path, net: str) -> None:
     c = rng.uniform(lo0, hi0, (24, 5))
     w = (hi0 - lo0) / rng.choice([4.0, 8.0, 16.0, 32.0], (24, 1))
     lo, hi = np.maximum(lo0, c - w / 2), np.minimum(hi0, c + w / 2)
-    assert _check(g, chain, FP32, FP16W, lo, hi, seed=7, alpha=2) > 300
+    assert _check(g, chain, FP32, FP16W, lo, hi, seed=7, alpha=2) > 150

@@ -646,6 +646,38 @@ def f_matmul_const(a: Form, w: torch.Tensor, left: bool = False) -> Form:
     return a.local_like(c, G, (r + (n + 6) * U64 * fp) * (1 + (n + 6) * U64) + TINY, L, P)
 
 
+def f_matmul_const_fresh(zt: ZonoTrack, a: Form, w: torch.Tensor) -> Form:
+    """a @ w for an exact 2-D constant w, with a's r made new symbols *after* the product: the
+    error e_j (|e_j| <= r_j) of input element (t, j) is r_j delta_tj, delta_tj a new symbol, and
+    reaches output row t as r_tj delta_tj w[j, :]: one position-local kind per contracted index
+    j (n kinds over the output's numel), the same set as fresh(a) @ w without a's n fresh kinds
+    over a's numel (a d -> 4d -> d MLP's hidden tensor is 4x the output: its fresh symbols do
+    not fit its cap). Needs each row of a at its own position (checked, else fresh first)."""
+    n = int(w.shape[0])
+    if a.L is not None:
+        if not _constant_along(a.P, -1):
+            a = a.dense()
+    P_in = a.P if a.L is not None else _row_positions(a.shape, a.c.device)
+    rows = P_in.narrow(-1, 0, 1)
+    if w.dim() != 2 or a.c.dim() < 2 or torch.unique(rows).numel() != rows.numel():
+        return f_matmul_const(zt.fresh(a), w)
+    r = a.r
+    y = f_matmul_const(a.with_r(torch.zeros_like(r)), w)
+    w64 = w.to(F64)
+    rt = r.movedim(-1, 0).unsqueeze(-1)  # (n, ..., T, 1)
+    L_new = rt * w64.reshape(n, *([1] * (r.dim() - 1)), int(w.shape[1]))  # (n, ..., T, m)
+    # |fl(r_tj w_jm) - r_tj w_jm| <= u |r_tj w_jm|: summed over j, (|r| @ |w|) u, into r
+    fp = pad_hi(2 * U64 * (r @ w64.abs())) + TINY
+    P_out = torch.broadcast_to(rows, y.shape)
+    T = int(rows.max()) + 1 if rows.numel() else 0
+    lb = zt.k + torch.arange(n, dtype=torch.int64) * T
+    zt.k += n * T
+    if y.L is None:
+        return Form(y.c, y.Gd, pad_hi(y.r + fp), y.idsd, L_new, lb, P_out)
+    return Form(y.c, y.Gd, pad_hi(y.r + fp), y.idsd, torch.cat([y.L, L_new], 0),
+                torch.cat([y.lb, lb]), y.P)
+
+
 def _constant_along(P: torch.Tensor, axis: int) -> bool:
     """Whether every element has the position of the first one along ``axis``."""
     return bool((P == P.narrow(axis, 0, 1)).all())
@@ -1633,7 +1665,9 @@ def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
     accumulation enclosure of rules/linear.py). ``axes``: the operands' sample axes."""
     from kcverify.bounds.rules.linear import _grid_pair, accumulation_error
 
-    a = zt.symbolize(a) if isinstance(a, ZState) else a
+    # x @ W with a constant W: x's r becomes symbols after the product (f_matmul_const_fresh)
+    after = isinstance(a, ZState) and bw and isinstance(b, Concrete) and b.value.dim() == 2
+    a = zt.symbolize(a) if isinstance(a, ZState) and not after else a
     b = zt.symbolize(b) if isinstance(b, ZState) else b
     out = []
     for k, spec in enumerate(ctx.kernels):
@@ -1642,9 +1676,11 @@ def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
         if isinstance(fa, torch.Tensor) and isinstance(fb, torch.Tensor):
             return None
         # the cast errors as symbols: one straddled rounding moves a whole row/column together
-        fa = zt.fresh(fa) if isinstance(fa, Form) else fa
+        fa = zt.fresh(fa) if isinstance(fa, Form) and not after else fa
         fb = zt.fresh(fb) if isinstance(fb, Form) else fb
-        if isinstance(fb, torch.Tensor):
+        if after and isinstance(fa, Form) and isinstance(fb, torch.Tensor):
+            y = f_matmul_const_fresh(zt, fa, fb)
+        elif isinstance(fb, torch.Tensor):
             y = f_matmul_const(fa, fb)
         elif isinstance(fa, torch.Tensor):
             y = f_matmul_const(fb, fa, left=True)

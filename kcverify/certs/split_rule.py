@@ -16,8 +16,16 @@ import numpy as np
 from kcverify.certs.encoding import fx, unfx_list
 from kcverify.certs.rules import Rule, RuleContext, RuleError, register_rule
 
-METHODS = ("chain", "chain:alpha2", "engine:interval", "engine:best")
 BATCH = 512  # parts re-bounded together
+
+
+def methods() -> tuple[str, ...]:
+    """The methods a split-cover leaf may name: the chain domain with the prover's slope steps
+    (kcverify.regions.plan.ALPHA_ITERS, so the list follows the prover) and the engine's."""
+    from kcverify.regions.chain import chain_method
+    from kcverify.regions.plan import ALPHA_ITERS
+
+    return ("chain", chain_method(ALPHA_ITERS), "engine:interval", "engine:best")
 
 
 @register_rule("split-cover")
@@ -58,9 +66,9 @@ class SplitCover(Rule):
             if key not in params:
                 raise RuleError(f"split-cover: params lack {key!r}")
         method = params["method"]
-        if method not in METHODS:
+        if method not in methods():
             raise RuleError(f"split-cover: unknown method {method!r}; expected one of "
-                            f"{', '.join(METHODS)}")
+                            f"{', '.join(methods())}")
         region = params["region"]
         if not isinstance(region, dict) or set(region) != {"lo", "hi"}:
             raise RuleError("split-cover: params.region needs 'lo' and 'hi'")

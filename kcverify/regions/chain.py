@@ -70,6 +70,7 @@ U64 = 2.0 ** -53
 TINY = 2.0 ** -1000
 INF = math.inf
 _LAYOUT = ("Flatten", "Reshape", "Identity", "Dropout")
+ROW_CHUNK = 1 << 30  # see ChainBounds.row_chunk
 
 
 @contextlib.contextmanager
@@ -422,6 +423,9 @@ class ChainBounds:
         # optimised lower slopes (alpha-CROWN) for the intermediate value bounds: the number of
         # projected-gradient steps per back-substitution (0: CROWN's 0/1 slopes)
         self.alpha_iters = int(alpha_iters)
+        # back-substitution rows per tensor program: the rows are independent, and chunks
+        # whose temporaries stay in cache ran faster on ACAS Xu (docs/regions.md)
+        self.row_chunk = ROW_CHUNK
         self.kernels = [self._prepare(s) for s in self.specs]
         self.dW: list[Any] = []
         self.stacked: dict[int, torch.Tensor] = {}  # [W_t^T; dW^T] per affine step
@@ -562,22 +566,30 @@ class ChainBounds:
         if len(box_i) == 0:
             return lo, hi, dlo, dhi
         n = lo[0].shape[1]
-        C = torch.nn.functional.one_hot(neu_i, n).to(F64)[:, None, :]
-        C2 = torch.cat([C, -C], 1)  # (pairs, 2, n): upper, then minus lower
-        sub = _rows(r, box_i, j, self)
+        K = len(self.kernels)
+        vals: list[list[torch.Tensor]] = [[] for _ in range(K)]
+        drifts: list[torch.Tensor] = []
+        for c0 in range(0, len(box_i), self.row_chunk):  # rows are independent
+            b_c, n_c = box_i[c0:c0 + self.row_chunk], neu_i[c0:c0 + self.row_chunk]
+            C = torch.nn.functional.one_hot(n_c, n).to(F64)[:, None, :]
+            C2 = torch.cat([C, -C], 1)  # (pairs, 2, n): upper, then minus lower
+            sub = _rows(r, b_c, j, self)
+            for k in range(1 if want_d else K):
+                slopes = optimise_slopes(self, sub, k, C2, j, self.alpha_iters) \
+                    if self.alpha_iters else None
+                vals[k].append(backward_value(self, sub, k, C2, j, slopes=slopes))
+            if want_d and self.crown_drift:
+                drifts.append(backward_drift(self, sub, C2, j))
 
         def meet(l_: torch.Tensor, h_: torch.Tensor, res: torch.Tensor) -> tuple:
             l_, h_ = l_.clone(), h_.clone()
             l_[box_i, neu_i] = torch.maximum(l_[box_i, neu_i], -res[:, 1])
             h_[box_i, neu_i] = torch.minimum(h_[box_i, neu_i], res[:, 0])
             return l_, h_
-        K = len(self.kernels)
         for k in range(1 if want_d else K):
-            slopes = optimise_slopes(self, sub, k, C2, j, self.alpha_iters) \
-                if self.alpha_iters else None
-            lo[k], hi[k] = meet(lo[k], hi[k], backward_value(self, sub, k, C2, j, slopes=slopes))
-        if want_d and self.crown_drift:
-            dlo, dhi = meet(dlo, dhi, backward_drift(self, sub, C2, j))
+            lo[k], hi[k] = meet(lo[k], hi[k], torch.cat(vals[k]))
+        if drifts:
+            dlo, dhi = meet(dlo, dhi, torch.cat(drifts))
         if want_d:
             lo[1] = torch.maximum(lo[1], _dn(lo[0] + dlo))
             hi[1] = torch.minimum(hi[1], _up(hi[0] + dhi))
@@ -888,6 +900,7 @@ def _slope(a: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, sl: torch.Tensor
     return torch.where(unstable, a.clamp(0, 1), _at(sl).expand_as(a))
 
 
+SLOPE_DTYPE = torch.float32  # the slope descent's arithmetic (its result is not a bound)
 ALPHA_STEP = 0.5  # the largest change of a slope per step
 ALPHA_DAMP = 0.1  # a component's step is STEP g / (|g| + DAMP max|g|): continuous in g
 
@@ -918,8 +931,13 @@ def optimise_slopes(cb: ChainBounds, r: Bounds, k: int | None, C: torch.Tensor, 
             alphas[j] = tr[f"relax{k or 0}"][2][:, None, :].expand(-1, q, -1).clone()
     if not alphas:
         return {}
+    if SLOPE_DTYPE != F64:  # the descent is a heuristic: float32 is 2-4x faster on CPU
+        cb, r = _in_dtype(cb, r, upto, SLOPE_DTYPE)
+        C = C.to(SLOPE_DTYPE)
+        alphas = {j: a.to(SLOPE_DTYPE) for j, a in alphas.items()}
     best = {j: a.clone() for j, a in alphas.items()}
     best_v = None
+    tiny = torch.finfo(C.dtype).tiny
     with torch.enable_grad():
         for it in range(iters + 1):
             for a in alphas.values():
@@ -940,11 +958,44 @@ def optimise_slopes(cb: ChainBounds, r: Bounds, k: int | None, C: torch.Tensor, 
                 grads = {j: torch.nan_to_num(a.grad, nan=0.0, posinf=0.0, neginf=0.0)
                          for j, a in alphas.items()}
                 gm = torch.stack([g.abs().amax(-1) for g in grads.values()]).amax(0)
-                gm = (ALPHA_DAMP * gm)[:, :, None] + TINY
+                gm = (ALPHA_DAMP * gm)[:, :, None] + tiny
                 for j, a in list(alphas.items()):
                     g = grads[j]
                     alphas[j] = (a.detach() - ALPHA_STEP * g / (g.abs() + gm)).clamp(0, 1)
-    return best
+    return {j: a.to(F64) for j, a in best.items()}
+
+
+def _in_dtype(cb: ChainBounds, r: Bounds, upto: int, dtype: torch.dtype
+              ) -> tuple[ChainBounds, Bounds]:
+    """The domain's weights and the bounds' trace over steps < upto in ``dtype``: what the
+    plain (rounding-free, not a bound) back-substitutions of ``optimise_slopes`` read."""
+    def conv(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.to(dtype) if v.is_floating_point() else v
+        if isinstance(v, list | tuple):
+            return type(v)(conv(x) for x in v)
+        return v
+    low = cb.__dict__.get("_low")
+    if low is None or low[0] != dtype:
+        c2 = copy.copy(cb)
+        c2.kernels = [_Kernel(kn.spec, conv(kn.mats)) for kn in cb.kernels]
+        c2.dW = conv(cb.dW)
+        c2.stacked = {j: conv(v) for j, v in cb.stacked.items()}
+        cb._low = low = (dtype, c2)  # type: ignore[attr-defined]
+    trace = []
+    for j in range(upto):
+        tr = _mags(cb, r.trace[j], j)
+        if cb.chain.steps[j].kind == "relu":
+            for k in range(len(tr["lo"])):
+                if f"relax{k}" not in tr:
+                    tr[f"relax{k}"] = _relu_relax(tr["lo"][k], tr["hi"][k])
+            if len(tr["lo"]) == 2 and tr["dlo"] is not None and "relax_d" not in tr:
+                tr["relax_d"] = _drift_relax(tr["lo"][0], tr["hi"][0], tr["lo"][1], tr["hi"][1],
+                                             tr["dlo"], tr["dhi"])
+        trace.append({key: conv(v) for key, v in tr.items()})
+    box = Box(r.box.lo[:, :, 0].to(dtype), r.box.hi[:, :, 0].to(dtype))
+    return low[1], Bounds(box, [], [], [], [], None, None, None, None, r.overflow, trace,
+                          conv(r.input_err))
 
 
 def _plain_upper(box: Box, Lam: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -974,8 +1025,8 @@ def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
     keeps the bound sound; the slopes of stable neurons are ignored (their relaxation is exact).
     ``plain``: the same in plain float64 without the verifier's rounding pads (differentiable in
     the slopes; not a bound): what ``optimise_slopes`` descends."""
-    Lam = C.to(F64)
-    c = torch.zeros(Lam.shape[:2], dtype=F64, device=Lam.device)
+    Lam = C if plain else C.to(F64)  # plain: the slope descent's dtype (optimise_slopes)
+    c = torch.zeros(Lam.shape[:2], dtype=Lam.dtype, device=Lam.device)
     pad = torch.zeros_like(c)
     kern = cb.kernels[k]
     for j in reversed(range(len(cb.chain.steps) if upto is None else upto)):
@@ -1039,9 +1090,9 @@ def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None
     (module doc); the training kernel's own error e_t enters both channels, so it is counted
     once as |Lam_t - Lam_d| e_t. Lower bounds: -backward_drift(-C). ``slopes``, ``plain``: the
     training value's lower slopes and plain mode, as in ``backward_value``."""
-    Ld = C.to(F64)
+    Ld = C if plain else C.to(F64)
     Lt = torch.zeros_like(Ld)
-    c = torch.zeros(Ld.shape[:2], dtype=F64, device=Ld.device)
+    c = torch.zeros(Ld.shape[:2], dtype=Ld.dtype, device=Ld.device)
     pad = torch.zeros_like(c)
     kt, ki = cb.kernels
     for j in reversed(range(len(cb.chain.steps) if upto is None else upto)):

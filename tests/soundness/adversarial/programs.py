@@ -12,7 +12,8 @@ the spec leaves open, taken adversarially:
   either at random (arith.within);
 * ``cast_rounding``: activation casts round to nearest-even, or, when the spec says
   ``rounding: any``, to either neighbour (up / down / random);
-* ``quotient``: an activation cast rounds a / s taken exactly or first rounded to fp32;
+* ``quotient``: an activation cast rounds a / s taken exactly or first rounded to fp32
+  (``mixed``: either, per element at random);
 * ``acc``: what a MatMul accumulates: ``unscaled`` products of the cast values q_a q_b (the
   scales applied after the sum: ``rescale`` "one" fl32(acc fl32(s_a s_b)), "two"
   fl32(fl32(acc s_a) s_b), or "exact" one rounding of acc s_a s_b), or ``dequant``
@@ -215,6 +216,9 @@ class Program:
             t = x / s
             if self.quotient == "fp32":
                 t = rnd(t, "fp32")
+            elif self.quotient == "mixed":  # per element: exact or fp32 (a kernel whose
+                # lanes divide in different precisions, e.g. a vectorised body and a scalar tail)
+                t = np.where(self.rng(19).random(np.shape(t)) < 0.5, rnd(t, "fp32"), t)
         if rounding == "nearest":
             q = rnd(t, f, sat=self.sat)
         else:

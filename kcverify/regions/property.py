@@ -2,7 +2,8 @@
 
 * ``DriftObjective(cb, eps)``: max_j |z_inf,j - z_train,j| <= eps on a part (the NeuroDiff
   clause). Per part, the chain domain's drift box met with the back-substituted drift bound of
-  every output (``backward_drift``); the value is that L-inf bound.
+  every output (``backward_drift``; with ``cb.alpha_iters`` the training value's lower slopes
+  optimised per output row, as for the intermediate bounds); the value is that L-inf bound.
 * ``PropertyObjective(cb, case)``: one VNN-LIB case (an input box with its unsafe DNF over Y) on
   the outputs of one kernel. A disjunct (a conjunction of atoms ``c . Y <= d`` or ``< d``) is
   impossible on a part when some atom is: min over the part of c . Y > d (>= d for a strict atom).
@@ -32,7 +33,13 @@ import numpy as np
 import torch
 
 from kcverify.dsl.vnnlib import Atom, Case
-from kcverify.regions.chain import F64, ChainBounds, backward_drift, backward_value
+from kcverify.regions.chain import (
+    F64,
+    ChainBounds,
+    backward_drift,
+    backward_value,
+    optimise_slopes,
+)
 from kcverify.regions.split import PartEval, widest
 
 Falsifier = Callable[[np.ndarray, np.ndarray], Any]  # (lo, hi) of open parts -> witness or None
@@ -72,7 +79,13 @@ class DriftObjective:
             inter.append(r.intermediates(self.cb.chain.steps))
         n = self.cb.chain.n_out
         eye = torch.eye(n, dtype=F64, device=self.cb.dev).expand(len(lo), n, n)
-        res = backward_drift(self.cb, r, torch.cat([eye, -eye], 1), coefficients=coefficients)
+        C = torch.cat([eye, -eye], 1)
+        # alpha-CROWN for the objective too: the training value's lower slopes of the drift's
+        # back-substitution, optimised per output row (2 n_out rows per part: next to free)
+        cb = self.cb
+        slopes = optimise_slopes(cb, r, None, C, len(cb.chain.steps), cb.alpha_iters) \
+            if cb.alpha_iters and cb.crown else None
+        res = backward_drift(cb, r, C, coefficients=coefficients, slopes=slopes)
         up = torch.minimum(res[:, :n], r.dhi)
         low = torch.maximum(-res[:, n:], r.dlo)
         mag = torch.cat([up, -low], 1)

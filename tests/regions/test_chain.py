@@ -24,6 +24,7 @@ from kcverify.regions.chain import (
     extract_chain,
     optimise_slopes,
 )
+from kcverify.regions.property import DriftObjective
 from tests.regions.helpers import mlp_onnx
 
 FP32 = parse_kernel_spec("train", {"compute": "fp32", "accumulate": "fp32"})
@@ -63,6 +64,9 @@ def _check(graph, chain, train, inf, lo, hi, seed: int = 0, crown: bool = True, 
     rng = np.random.default_rng(seed)
     C = torch.as_tensor(rng.normal(size=(B, 3, n)))
     obj = backward_value(cb, r, 0, C)
+    # what a split bounds a part by: with alpha, the objective's own optimised slopes too
+    mag = DriftObjective(cb, 0.0, hi[0] - lo[0]).bounds(lo, hi) if alpha else \
+        torch.cat([d_back[:, :n], d_back[:, n:]], 1)
     assert not bool(r.overflow.any())
     checked = 0
     for b, pts in enumerate(_points(lo, hi, 5, rng)):
@@ -77,6 +81,7 @@ def _check(graph, chain, train, inf, lo, hi, seed: int = 0, crown: bool = True, 
                                       ("inf", yi, r.lo[1][b], r.hi[1][b]),
                                       ("drift", d, r.dlo[b], r.dhi[b]),
                                       ("drift back", d, -d_back[b, n:], d_back[b, :n]),
+                                      ("drift objective", d, -mag[b, n:], mag[b, :n]),
                                       ("train back", yt, -t_back[b, n:], t_back[b, :n]),
                                       ("inf back", yi, -i_back[b, n:], i_back[b, :n])):
                 assert np.all(v >= lo_.numpy()) and np.all(v <= hi_.numpy()), (name, b, ct, ci)

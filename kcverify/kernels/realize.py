@@ -260,16 +260,11 @@ class Realization:
     def round(self, node: Node, primitive: str, value: torch.Tensor) -> torch.Tensor:
         if not value.is_floating_point() or node.op_type in EXPLICIT_CAST_OPS:
             return value
-        fmt = self.spec.compute
         v = value.to(_F64)
-        rn = round_to_format(v, fmt)
+        rn = round_to_format(v, self.spec.compute)
         if self.rounding == "nearest" or (self.spec.accumulation.pinned and primitive in IEEE_OPS):
             return rn.to(value.dtype)
-        d = self.spec.ulp(primitive) * fmt.u * v.abs()
-        up = torch.maximum(round_to_format(torch.nextafter(v + d, torch.full_like(v, -math.inf)),
-                                           fmt, "down"), rn)
-        down = torch.minimum(round_to_format(torch.nextafter(v - d, torch.full_like(v, math.inf)),
-                                             fmt, "up"), rn)
+        up, down = self.neighbours(primitive, v, rn)
         if self.rounding == "up":
             r = up
         elif self.rounding == "down":
@@ -280,6 +275,19 @@ class Realization:
             r = torch.where(pick, up, down)
         r = torch.where(torch.isfinite(v), r, rn)  # +-inf (masks) and NaN stay as they are
         return r.to(value.dtype)
+
+    def neighbours(self, primitive: str, v: torch.Tensor, rn: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The largest and the smallest compute-format value a conforming ``primitive`` may
+        return for the exact float64 result ``v`` (``rn``: its nearest): within
+        ulps(primitive) u |v| of it, and never past the nearest on the other side."""
+        fmt = self.spec.compute
+        d = self.spec.ulp(primitive) * fmt.u * v.abs()
+        up = torch.maximum(round_to_format(torch.nextafter(v + d, torch.full_like(v, -math.inf)),
+                                           fmt, "down"), rn)
+        down = torch.minimum(round_to_format(torch.nextafter(v - d, torch.full_like(v, math.inf)),
+                                             fmt, "up"), rn)
+        return up, down
 
     def reduce_sum(self, node: Node, x: torch.Tensor, dims: tuple[int, ...], keepdim: bool = True
                    ) -> torch.Tensor:

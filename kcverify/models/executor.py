@@ -187,16 +187,18 @@ class Executor:
             if name:
                 env[name] = value
 
-    def run(self, feeds: Mapping[str, Feed], keep: bool = False) -> dict[str, torch.Tensor]:
+    def run(self, feeds: Mapping[str, Feed], keep: bool = False, grad: bool = False
+            ) -> dict[str, torch.Tensor]:
         """Evaluate the graph. ``feeds`` maps each graph input to an array or tensor (extra names
         are ignored). Returns the graph outputs, or with ``keep`` every tensor (inputs,
-        constants and intermediates)."""
+        constants and intermediates). ``grad`` records torch's autograd graph (an arithmetic
+        that attaches leaves to its results can then take gradients; kcverify.bounds.falsify)."""
         self._prepare()
         assert self._constants is not None
         env = dict(self._constants)
         env.update(self._feed(feeds))
         outputs = [v.name for v in self.graph.outputs]
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             for s, frees in self._schedule:
                 self._eval(s, s.ctx, env)
                 if not keep:

@@ -143,3 +143,40 @@ def test_quotients_at_midpoints_relative_to_the_amax_campaign(kind: str) -> None
                 found += f
     SESSION.merge(led)
     assert not found, "\n".join(found[:5])
+
+
+def seq_first_case(kind: str, seed: int, B: int = 2, T: int = 2, K: int = 6, H: int = 8):
+    """The ratio net on a batch of B samples (2: the zonotope runs on it; on 3 it did not, so
+    that the best domain was the interval one there) with the sample off axis 0 inside the graph
+    (torch's seq-first attention layout): x (B, T, K) -> Transpose (T, B, K) -> W1 -> W2 ->
+    Transpose back. A per-tensor scale is one per sample: the group [:, b, :]."""
+    rng = np.random.default_rng([seed, KINDS.index(kind), 7])
+    w1 = ratio_weights(rng, K, H, kind)
+    w2 = rnd(rng.normal(size=(H, 3)), "fp8_e4m3").astype(np.float32)
+    if kind == "straddle":
+        x = np.stack([fp8_midpoints((T, K), "fp8_e4m3", rng, amax=float(rng.uniform(0.5, 3.0)))
+                      for _ in range(B)])
+    else:
+        x = rnd(np.abs(rng.normal(size=(B, T, K))) * rng.uniform(0.2, 4.0, size=(B, 1, 1))
+                + 0.1, "fp32")
+        x = (x * np.sign(w1[:, 0]).reshape(1, 1, K)).astype(np.float32)
+    n = helper.make_node
+    nodes = [n("Transpose", ["x"], ["xt"], perm=[1, 0, 2]), n("MatMul", ["xt", "w1"], ["h"]),
+             n("MatMul", ["h", "w2"], ["yt"]), n("Transpose", ["yt"], ["y"], perm=[1, 0, 2])]
+    model = chain_model(nodes, [("x", (B, T, K)), ("w1", w1), ("w2", w2)], ["y"])
+    return model, {"x": x.astype(np.float32)}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ratio_with_the_sample_off_axis_0(kind: str) -> None:
+    """A batch of 2 whose per-tensor groups are [:, b, :] inside the graph: the normalised
+    cast and the scale's branches must group by sample, not by the leading axis."""
+    led = Ledger()
+    cls = f"amax-ratio/seq-first/{kind}"
+    model, feeds = seq_first_case(kind, 0)
+    with chosen_options() as counts:
+        found = attack(led, cls, model, TRAIN, SP, feeds, ratio_programs(SP, 0))
+    SESSION.merge(led)
+    assert led[cls].pairs > 0
+    assert counts, "the zonotope's casts were not reached"
+    assert not found, ratio_text(led[cls]) + "\n" + "\n".join(found[:3])

@@ -68,13 +68,14 @@ def _matches(path, casts) -> bool:
     return True
 
 
-def leaf_attack(cls: str, model, sp, feeds: dict, progs: list, max_leaves: int = 64
-                ) -> tuple[list[str], int]:
-    """Check every (training, inference) program pair against its own leaf (module doc).
-    Returns (violations, the most distinct leaves the programs of one input fell in)."""
+def leaf_attack(cls: str, model, sp, feeds: dict, progs: list, max_leaves: int = 64,
+                domain: str = "interval") -> tuple[list[str], int]:
+    """Check every (training, inference) program pair against its own leaf (module doc), the
+    cases and each leaf bounded with ``domain``. Returns (violations, the most distinct leaves
+    the programs of one input fell in)."""
     model = named(model)
     g = graph_of(model)
-    res = cases.certify_cases(g, TRAIN, sp, feeds, max_leaves=max_leaves)
+    res = cases.certify_cases(g, TRAIN, sp, feeds, max_leaves=max_leaves, domain=domain)
     run = ProgramRunner(model)
     out = model.graph.output[0].name
     led = Ledger()
@@ -100,7 +101,7 @@ def leaf_attack(cls: str, model, sp, feeds: dict, progs: list, max_leaves: int =
             j = hit[0]
             if j not in boxes:
                 with np.errstate(all="ignore"), cases.forcing([leaves[j]]):
-                    r = certify_drift(g, TRAIN, sp, one, domain="interval")
+                    r = certify_drift(g, TRAIN, sp, one, domain=domain)
                 boxes[j] = (r.outputs[out], float(np.asarray(r.linf).reshape(-1)[0]))
                 if not boxes[j][1] <= float(res.linf[b]):
                     found.append(f"{where}: leaf {j}'s bound {boxes[j][1]!r} above the "

@@ -19,7 +19,8 @@ the spec leaves open, taken adversarially:
   fl32(fl32(acc s_a) s_b), or "exact" one rounding of acc s_a s_b), or ``dequant``
   products of the dequantised values (s_a q_a)(s_b q_b); per-block scales promote each block's
   partial sum before the blocks are summed;
-* ``sat``: an fp8 cast of a value beyond the format saturates (satfinite) or gives NaN;
+* ``sat``: an fp8 cast of a value beyond the format saturates (satfinite) or gives NaN; a
+  cast whose spec says ``ftz`` flushes its subnormal results to zero;
 * ``trace``: a list that records every activation cast (format, q, s) in execution order, for
   checking a "stable cast" claim (test_stable_casts.py);
 * the spec's accumulation family (``spec.accumulation``, test_families.py): ``sequential``,
@@ -230,6 +231,8 @@ class Program:
                 q = down
             else:
                 q = np.where(self.rng(7).random(t.shape) < 0.5, up, down)
+        if cs.ftz:  # subnormal results of the cast flushed to zero (the spec's ``ftz``)
+            q = np.where(np.abs(q) < 2.0 ** f.emin, 0.0 * q, q)
         return q
 
     def scale(self, amax: np.ndarray, cs: CastSpec) -> np.ndarray:

@@ -59,3 +59,49 @@ def test_cases_batch_interval_on_batch_one_constants(kind: str) -> None:
     g, feeds = _batch_one_model(kind)
     res = cases.certify_cases(g, TRAIN, SP, feeds, max_leaves=8, domain="interval")
     assert np.all(np.isfinite(res.linf))
+
+
+FTZ_SP = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+              activations={"format": "fp8_e4m3", "scale": "static", "value": 1.0, "ftz": True},
+              accumulate="fp32", compute="fp32")
+
+
+def _ftz_case():
+    """x's quotients 0.005 are e4m3 subnormals (3 2^-9 to nearest): an ftz program casts 0."""
+    from tests.soundness.adversarial.harness import node_model
+
+    x = np.array([[[0.25, 0.005, -0.005, 0.005]]], np.float32)
+    w = np.array([[1.0, 0.5], [1.0, -2.0], [0.5, 1.0], [2.0, 1.0]], np.float32)
+    return node_model("MatMul", [("x", (1, 1, 4)), ("W", w)]), {"x": x}
+
+
+def test_ftz_program_flushes() -> None:
+    """The reproducer's program does flush (else the xfails below could not fail)."""
+    from tests.soundness.adversarial.interp import ProgramRunner
+    from tests.soundness.adversarial.programs import Program
+
+    model, feeds = _ftz_case()
+    run = ProgramRunner(model)
+    plain = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+                 activations={"format": "fp8_e4m3", "scale": "static", "value": 1.0},
+                 accumulate="fp32", compute="fp32")
+    a = run(Program(FTZ_SP), feeds)["y0"]
+    b = run(Program(plain), feeds)["y0"]
+    assert np.allclose(a, [[[0.25, 0.125]]]) and not np.allclose(a, b)
+
+
+@pytest.mark.xfail(strict=True, reason="F2: ftz activation casts: cases.cast_enclosure (the "
+                   "MatMul grid path), zonotope._cast_plan and the linear domain round the "
+                   "subnormal quotient with rne and never flush it to 0")
+@pytest.mark.parametrize("domain", ["interval", "linear", "best"])
+def test_ftz_flushed_casts_inside(domain: str) -> None:
+    from tests.soundness.adversarial.harness import Ledger, attack
+    from tests.soundness.adversarial.programs import Program
+
+    model, feeds = _ftz_case()
+    led = Ledger()
+    found = attack(led, "ftz", model, TRAIN, FTZ_SP, feeds,
+                   [(Program(TRAIN), Program(FTZ_SP)), (Program(TRAIN, order="rev"),
+                                                       Program(FTZ_SP, quotient="fp32"))],
+                   domain=domain)
+    assert not found, "\n".join(found[:2])

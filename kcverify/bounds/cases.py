@@ -203,9 +203,12 @@ def cast_enclosure(lo: torch.Tensor, hi: torch.Tensor, cs: Any, side: str, sampl
                                                torch.Tensor] | None:
     """(q_lo, q_hi, s_lo, s_hi): the format values a round-to-nearest cast of x in [lo, hi]
     takes, and the scale's interval, as the MatMul rule's grid path computes them; None for
-    casts a case split does not handle (integer formats, per-block scales)."""
+    casts a case split does not handle (integer formats, per-block scales). ``ftz``: the cast
+    flushes subnormal results to 0 after rounding; flush(rne(t)) is still nondecreasing in t,
+    so the rounded ends flushed enclose it."""
     from kcverify.bounds.box import imul, pad_hi, pad_lo
     from kcverify.bounds.casts import SCALE_SLACK, activation_scale_bounds, rne
+    from kcverify.kernels.cast import flush_subnormals
 
     if cs.format.kind != "float" or cs.scale not in SPLITTABLE_SCALES:
         return None
@@ -215,7 +218,10 @@ def cast_enclosure(lo: torch.Tensor, hi: torch.Tensor, cs: Any, side: str, sampl
     if cs.scale.startswith("dynamic"):
         lim = cs.format.max_finite * (1 + 2 * SCALE_SLACK)
         t_lo, t_hi = t_lo.clamp(-lim, lim), t_hi.clamp(-lim, lim)
-    return rne(t_lo, cs.format), rne(t_hi, cs.format), s_lo, s_hi
+    q_lo, q_hi = rne(t_lo, cs.format), rne(t_hi, cs.format)
+    if cs.ftz:
+        q_lo, q_hi = flush_subnormals(q_lo, cs.format), flush_subnormals(q_hi, cs.format)
+    return q_lo, q_hi, s_lo, s_hi
 
 
 def forced_values(site: Site, lo: torch.Tensor, hi: torch.Tensor, cs: Any, side: str,

@@ -1318,8 +1318,8 @@ def _cast_plan(ctx: RuleCtx, spec: KernelSpec, cs: Any, lo: torch.Tensor, hi: to
     from kcverify.bounds.casts import SCALE_SLACK, activation_scale_bounds, rne
 
     fmt = cs.format
-    if spec.rounding != "nearest" or fmt.kind != "float":
-        return None
+    if spec.rounding != "nearest" or fmt.kind != "float" or cs.ftz:
+        return None  # ftz: the interval rule's image (flushes) via _operand
     dynamic = cs.scale.startswith("dynamic")
     if cs.scale in ("none", "static"):
         v = 1.0 if cs.scale == "none" else float(cs.value or 1.0)
@@ -1494,7 +1494,8 @@ def _normalized_cast(spec: KernelSpec, cs: Any, f: Form, lo: torch.Tensor, hi: t
     is not certainly one value), G) or None."""
     from kcverify.bounds.casts import SCALE_SLACK, rne
 
-    if cs.scale != "dynamic_per_tensor" or spec.rounding != "nearest" or cs.format.kind != "float":
+    if (cs.scale != "dynamic_per_tensor" or spec.rounding != "nearest"
+            or cs.format.kind != "float" or cs.ftz):
         return None
     shape = f.shape
     if not shape or f.k == 0:

@@ -90,9 +90,6 @@ def test_ftz_program_flushes() -> None:
     assert np.allclose(a, [[[0.25, 0.125]]]) and not np.allclose(a, b)
 
 
-@pytest.mark.xfail(strict=True, reason="F2: ftz activation casts: cases.cast_enclosure (the "
-                   "MatMul grid path), zonotope._cast_plan and the linear domain round the "
-                   "subnormal quotient with rne and never flush it to 0")
 @pytest.mark.parametrize("domain", ["interval", "linear", "best"])
 def test_ftz_flushed_casts_inside(domain: str) -> None:
     from tests.soundness.adversarial.harness import Ledger, attack

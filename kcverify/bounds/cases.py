@@ -364,9 +364,12 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
         todo = [(i, j) for i in range(batch) for j in range(len(paths[i])) if not final[i][j]]
         if not todo:
             break
-        # the interval domain bounds every open case of every input in one batched run; a
-        # relational domain (best, zonotope) one case at a time (its forms are per input)
-        groups = [todo] if domain == "interval" else [[c] for c in todo]
+        # the interval domain bounds open cases in batched runs of the slice's own batch size
+        # (a model may fix its batch in constants: a Concat with a (1, T, 1) initializer, a
+        # Reshape to a static [1, n]; the slice's batch is one it was given); a relational
+        # domain (best, zonotope) one case at a time (its forms are per input)
+        size = batch if domain == "interval" else 1
+        groups = [todo[k:k + size] for k in range(0, len(todo), size)]
         seen: list[Any] = []
         for grp in groups:
             rows = np.array([i for i, _ in grp])

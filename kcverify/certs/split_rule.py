@@ -36,9 +36,9 @@ class SplitCover(Rule):
 
     Leaf (no premises). Params: ``graph`` (the model as base64 ONNX) and ``graph_digest``;
     ``kernels`` {train, inf: canonical specs}; ``method`` (``chain``: the affine-ReLU chain
-    domain with back-substitution, kcverify.regions.chain; ``chain:alpha2``: the same with the
-    intermediate value bounds' lower slopes optimised by 2 projected-gradient steps, which the
-    checker re-runs; ``engine:interval`` /
+    domain with back-substitution, kcverify.regions.chain; ``chain:alpha<N>``: the same with the
+    intermediate value bounds' and the objective's lower slopes optimised by N projected-gradient
+    steps (N = kcverify.regions.plan.ALPHA_ITERS), which the checker re-runs; ``engine:interval`` /
     ``engine:best``: kcverify.bounds.certify_drift on the part's box); ``input`` and ``shape``
     (the model's float input and its shape without the batch axis); ``tensor`` (the output);
     ``region`` {lo, hi} (hex, flattened input); ``tree`` (the partition: a bisection tree in

@@ -18,6 +18,8 @@ from kcverify.cli import main
 from kcverify.dsl import load_contract
 from kcverify.empirical.slices import load_slice
 from kcverify.errors import ContractError
+from kcverify.regions.chain import chain_method
+from kcverify.regions.plan import ALPHA_ITERS
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "examples" / "contracts" / "acasxu-fp16.yaml"
@@ -48,7 +50,7 @@ def test_proved_and_checks(proved: tuple[Path, Path, dict]) -> None:
     assert clause["verdict"] == "proved" and clause["bound"] <= 0.05
     node = _split_node(json.loads(cert.read_text()))
     params = node["params"]
-    assert params["method"] == "chain:alpha2" and params["tree"].count(-1) == len(params["claims"]) > 1
+    assert params["method"] == chain_method(ALPHA_ITERS) and params["tree"].count(-1) == len(params["claims"]) > 1
     assert max(unfx_list(params["claims"])) == clause["bound"]
     assert main(["check", str(cert), str(model), str(CONTRACT)]) == 0
 

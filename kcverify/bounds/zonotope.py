@@ -83,6 +83,7 @@ rounding in r (``dense()``); ``Form.G`` refuses such a form rather than drop the
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,6 +91,8 @@ from typing import Any
 
 import torch
 
+from kcverify.bounds import binpoly
+from kcverify.bounds.binpoly import Monomials
 from kcverify.bounds.box import Box, Concrete, mag, mig, pad_hi, pad_lo
 from kcverify.bounds.cases import next_up
 from kcverify.bounds.registry import RuleCtx
@@ -104,6 +107,10 @@ ELEMENT_BUDGET = 2**24  # and at most this many generator entries (k * numel) pe
 
 # --- forms ----------------------------------------------------------------------------------
 NO_IDS = torch.zeros(0, dtype=torch.int64)
+# the tracker whose rule is running (ZonoTrack.step): the form operations read its binary
+# symbols' supports to keep functions of them exact (binpoly); None outside a run
+_TRACK: contextvars.ContextVar[ZonoTrack | None] = contextvars.ContextVar("kcverify_zono",
+                                                                          default=None)
 CAST_TRACE: Callable | None = None  # diagnostics: called with each cast operand's choices
 
 
@@ -555,6 +562,74 @@ def fp_err(f: Form, mult: float) -> Form:
     return f.with_r(f.r + pad_hi(mult * U64 * (m + f.gsum()) + TINY))
 
 
+EXACT_BINARY = True  # keep functions of binary symbols exact (binpoly); False: linearise
+
+
+def _binary_track() -> ZonoTrack | None:
+    """The running tracker when it has binary symbols (else None: nothing to keep exact)."""
+    zt = _TRACK.get()
+    return zt if EXACT_BINARY and zt is not None and zt._bin else None
+
+
+def _bin_mask(zt: ZonoTrack, ids: torch.Tensor) -> torch.Tensor:
+    return torch.isin(ids, zt.binary) if ids.numel() else torch.zeros(0, dtype=torch.bool)
+
+
+def _cont_rad(f: Form, bm: torch.Tensor) -> torch.Tensor:
+    """An upper bound of the form's continuous part: every symbol but the binary rows ``bm``
+    of its dense part (the local part is never binary), plus r."""
+    part = Form(f.c, f.Gd[bm.logical_not().to(f.Gd.device)], f.r, f.idsd[~bm], f.L, f.lb, f.P)
+    return part.rad()
+
+
+def _bin_abs(G: torch.Tensor) -> torch.Tensor:
+    """An upper bound of sum_s |G[s]| (rows of binary symbols)."""
+    return pad_hi(_l1(G) * (1 + (int(G.shape[0]) + 2) * U64)) + TINY
+
+
+def _exact_product(zt: ZonoTrack, a: Form, b: Form, ga: torch.Tensor, gb: torch.Tensor,
+                   u: torch.Tensor, op: str) -> tuple[torch.Tensor, torch.Tensor,
+                                                      list[int], torch.Tensor] | None:
+    """The product of the binary parts of a and b (their dense rows ``ga`` / ``gb`` over the
+    ids ``u``) as a polynomial (binpoly.poly_product), and the remainder that replaces
+    rad(a) rad(b): |A|_1 radc(b) + radc(a) rad(b) (A the binary part of a, radc the rest). None
+    when one of them has no binary row (then rad(a) rad(b) is that remainder already)."""
+    bm = _bin_mask(zt, u)
+    if not bool(bm.any()):
+        return None
+    bmd = bm.to(ga.device)
+    A, B = ga[bmd], gb[bmd]
+    if not (bool((A != 0).any()) and bool((B != 0).any())):
+        return None
+    if int(A.shape[0]) > binpoly.ROWS_MAX:  # the cost of the pairs: linearise instead
+        return None
+    ids = u[bm].tolist()
+    const, rows, rids, err = binpoly.poly_product(zt.mono, zt.new_monomial_id, A, ids, B, ids, op)
+    abs_a = _bin_abs(A)
+    rc_a, rc_b = _cont_rad(a, _bin_mask(zt, a.idsd)), _cont_rad(b, _bin_mask(zt, b.idsd))
+    rad_b = b.rad()
+    if op == "mul":
+        rem = abs_a * rc_b + rc_a * rad_b
+    else:
+        n = int(a.c.shape[-1])
+        rem = (abs_a @ rc_b + rc_a @ rad_b) * (1 + (n + 4) * U64)
+    rem = pad_hi(rem + err) + TINY
+    return const, rows, rids, rem
+
+
+def _with_rows(f: Form, rows: torch.Tensor, ids: list[int]) -> Form:
+    """f plus the rows ``rows`` of the symbols ``ids`` in its dense part (a symbol f already
+    has: its row is added, rounded: |error| <= u |sum| per entry, into r)."""
+    if not ids:
+        return f
+    G, u, merged = _merge_rows([f.Gd.expand(f.kd, *f.shape), rows.expand(len(ids), *f.shape)],
+                               [f.idsd, torch.tensor(ids, dtype=torch.int64)])
+    r = f.r
+    if merged:
+        r = pad_hi(r + 2 * U64 * _l1(G)) + TINY
+    return Form(f.c, G, r, u, f.L, f.lb, f.P)
+
+
 def f_add(a: Form, b: Form, sign: float = 1.0) -> Form:
     rank = max(a.c.dim(), b.c.dim())
     a, b = a.view(rank), b.view(rank)
@@ -604,8 +679,15 @@ def f_mul(a: Form, b: Form) -> Form:
     if loc is not None:
         La, Lb = loc[0], loc[1]
         L = (La * b.c if Lb is None else (a.c * Lb if La is None else La * b.c + a.c * Lb))
-    r = a.c.abs() * b.r + b.c.abs() * a.r + a.rad() * b.rad()
-    return fp_err(Form(c, G, pad_hi(r), u, *_cat_local(loc, L)), 8)
+    zt = _binary_track()
+    ex = _exact_product(zt, a, b, ga, gb, u, "mul") if zt is not None else None
+    if ex is None:
+        r = a.c.abs() * b.r + b.c.abs() * a.r + a.rad() * b.rad()
+        return fp_err(Form(c, G, pad_hi(r), u, *_cat_local(loc, L)), 8)
+    const, rows, rids, rem = ex  # the binary parts' product exactly (b_j^2 = 1)
+    r = pad_hi(a.c.abs() * b.r + b.c.abs() * a.r + rem + 2 * U64 * const.abs())
+    out = _with_rows(Form(c + const, G, r, u, *_cat_local(loc, L)), rows, rids)
+    return fp_err(out, 8)
 
 
 def f_matmul(a: Form, b: Form) -> Form:
@@ -617,10 +699,19 @@ def f_matmul(a: Form, b: Form) -> Form:
     ga = a.like(c, (a.G @ b.c) if a.k else torch.zeros((0, *c.shape), dtype=F64, device=c.device), c)
     gb = b.like(c, (a.c @ b.G) if b.k else torch.zeros((0, *c.shape), dtype=F64, device=c.device), c)
     G, u = combine(ga, gb)
-    ra, rb = a.rad(), b.rad()
-    r = a.c.abs() @ b.r + a.r @ b.c.abs() + ra @ rb
     fp = (n + 6) * U64 * ((a.c.abs() + a.gsum()) @ (b.c.abs() + b.gsum()))
-    return Form(c, G, (r + fp) * (1 + (n + 6) * U64) + TINY, u)
+    zt = _binary_track()
+    ex = None
+    if zt is not None:
+        (gaa, gbb), ua = align([a, b])
+        ex = _exact_product(zt, a, b, gaa, gbb, ua, "matmul")
+    if ex is None:
+        ra, rb = a.rad(), b.rad()
+        r = a.c.abs() @ b.r + a.r @ b.c.abs() + ra @ rb
+        return Form(c, G, (r + fp) * (1 + (n + 6) * U64) + TINY, u)
+    const, rows, rids, rem = ex  # the binary parts' product exactly
+    r = a.c.abs() @ b.r + a.r @ b.c.abs() + rem + 2 * U64 * const.abs()
+    return _with_rows(Form(c + const, G, (r + fp) * (1 + (n + 6) * U64) + TINY, u), rows, rids)
 
 
 def f_matmul_const(a: Form, w: torch.Tensor, left: bool = False) -> Form:
@@ -723,8 +814,115 @@ def f_smooth(a: Form, lo: torch.Tensor, hi: torch.Tensor, f: Callable, df: Calla
     if not (bool(torch.isfinite(f0).all()) and bool(torch.isfinite(lam).all())
             and bool(torch.isfinite(R).all())):
         return None
+    zt = _binary_track()
+    if zt is not None and a.kd:
+        bm = _bin_mask(zt, a.idsd)
+        if bool(bm.any()):
+            ex = _smooth_walsh(zt, a, bm, lo, hi, f, df, df_range)
+            if ex is not None:
+                return ex
     out = a.local_like(f0, a.Gd * lam, pad_hi(lam.abs() * a.r + R + 64 * U64 * f0.abs() + TINY),
                        a.L * lam if a.L is not None else None, a.P, a.scaled_gsum(lam))
+    return fp_err(out, 4)
+
+
+def _walsh_groups(zt: ZonoTrack, a: Form, bm: torch.Tensor, extra: tuple[int, ...] = ()):
+    """Per group of elements with one support V (binpoly.Groups): (V, flat element indices,
+    the values x_sigma on V's 2^k sign vectors (2^k, E), and the continuous part's radius w
+    (E,), the float64 error of x_sigma included)."""
+    Gb = a.Gd[bm.to(a.Gd.device)]
+    ids = a.idsd[bm].tolist()
+    groups = binpoly.Groups(zt.mono, Gb, ids, extra)
+    rc = _cont_rad(a, bm).reshape(-1)
+    cf = a.c.reshape(-1)
+    Gf = Gb.reshape(int(Gb.shape[0]), -1)
+    out = []
+    for V, els, rows, chi in groups.groups:
+        g = Gf[rows][:, els] if rows.numel() else Gf.new_zeros((0, int(els.numel())))
+        xs = cf[els].unsqueeze(0) + chi @ g
+        gab = g.abs().sum(0)
+        w = pad_hi(rc[els] + (int(rows.numel()) + 4) * U64 * (cf[els].abs() + gab)) + TINY
+        out.append((V, els, xs, w))
+    return groups, out
+
+
+def _smooth_walsh(zt: ZonoTrack, a: Form, bm: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                  f: Callable, df: Callable, df_range: Callable) -> Form | None:
+    """f_smooth with the elements that depend on binary symbols evaluated on their sign
+    vectors (binpoly module doc): f(x) = sum_T fh_T chi_T + lam d + noise, d the continuous part
+    of x, lam the mean of f'(x_sigma), noise max_sigma |f'(x_sigma) - lam| w + max_sigma R_sigma
+    (R_sigma the mean-value remainder over [x_sigma - w, x_sigma + w]) + the dropped Walsh
+    terms + float64 errors. The other elements: the first-order expansion at the centre."""
+    if int(bm.sum()) > binpoly.ROWS_MAX:
+        return None
+    groups, gs = _walsh_groups(zt, a, bm)
+    if not gs:
+        return None
+    shape = a.shape
+    numel = a.c.numel()
+    c = a.c
+    f0 = f(c)
+    lam = df(c)
+    h_lo, h_hi = torch.minimum(lo, c), torch.maximum(hi, c)
+    g_lo, g_hi = df_range(h_lo, h_hi)
+    g_lo = pad_lo(g_lo, 64 * U64) - TINY
+    g_hi = pad_hi(g_hi, 64 * U64) + TINY
+    dev = pad_hi(torch.maximum(g_hi - lam, lam - g_lo).clamp_min(0.0))
+    w0 = pad_hi(torch.maximum(hi - c, c - lo).clamp_min(0.0))
+    R = pad_hi(dev * w0)
+    if not (bool(torch.isfinite(f0).all()) and bool(torch.isfinite(lam).all())
+            and bool(torch.isfinite(R).all())):
+        return None
+    cen = f0.reshape(-1).clone()
+    slope = lam.reshape(-1).clone()
+    extra = pad_hi(R + 64 * U64 * f0.abs()).reshape(-1).clone()  # beyond |slope| r
+    walsh = torch.zeros(numel, dtype=torch.bool)
+    terms: dict[int, torch.Tensor] = {}
+    for V, els, xs, w in gs:
+        k = len(V)
+        xl, xh = pad_lo(xs - w), pad_hi(xs + w)
+        v0 = f(xs)
+        l0 = df(xs)
+        dl, dh = df_range(torch.minimum(xl, xs), torch.maximum(xh, xs))
+        dl = pad_lo(dl, 64 * U64) - TINY
+        dh = pad_hi(dh, 64 * U64) + TINY
+        dv = pad_hi(torch.maximum(dh - l0, l0 - dl).clamp_min(0.0))
+        Rs = pad_hi(dv * w)
+        if not (bool(torch.isfinite(v0).all()) and bool(torch.isfinite(l0).all())
+                and bool(torch.isfinite(Rs).all())):
+            continue
+        vmax = v0.abs().amax(0)
+        coef = binpoly.fwht(v0, k)
+        const, ids, rows, dropped = binpoly.walsh_terms(zt.mono, zt.new_monomial_id, V, coef,
+                                                        vmax)
+        lbar = l0.mean(0)
+        spread = (l0 - lbar).abs().amax(0)
+        n = 1 << k
+        fp = (k * (n + 2) + 64) * U64 * vmax + (n + 4) * U64 * l0.abs().amax(0) * w
+        noise = spread * w + Rs.amax(0) + dropped + fp
+        noise = pad_hi(noise * (1 + 1e-12)) + TINY
+        cen[els] = const
+        slope[els] = lbar
+        extra[els] = noise
+        walsh[els] = True
+        for i, row in zip(ids, rows):
+            t = terms.get(i)
+            if t is None:
+                t = terms[i] = torch.zeros(numel, dtype=F64, device=c.device)
+            t[els] = row
+    if not bool(walsh.any()):
+        return None
+    slope = slope.reshape(shape)
+    wm = walsh.reshape(shape).to(c.device)
+    Gd = a.Gd * slope
+    bmd = bm.to(Gd.device)
+    Gd[bmd] = torch.where(wm, torch.zeros_like(Gd[bmd]), Gd[bmd])  # replaced by the terms
+    r = pad_hi(slope.abs() * a.r + extra.reshape(shape) + TINY)
+    out = a.local_like(cen.reshape(shape), Gd, r, a.L * slope if a.L is not None else None, a.P)
+    ids = sorted(terms)
+    if ids:
+        rows = torch.stack([terms[i].reshape(shape) for i in ids])
+        out = _with_rows(out, rows, ids)
     return fp_err(out, 4)
 
 
@@ -741,8 +939,24 @@ class ZonoTrack:
         self.forms: dict[str, ZState] = {}
         self.k = 0
         self.k_max = k_max or K_MAX
-        self.binary = torch.zeros(0, dtype=torch.int64)  # ids of symbols in {-1, +1}
+        self._bin: list[int] = []  # ids of symbols in {-1, +1} (``binary``)
+        self._bin_t = torch.zeros(0, dtype=torch.int64)
+        self.mono = Monomials()  # their supports: monomials of base binary symbols (binpoly)
         self.raw: list = []  # the node's input states as the interval domain has them
+
+    @property
+    def binary(self) -> torch.Tensor:
+        """The ids of the binary symbols (base straddles and their monomials), as a tensor."""
+        if int(self._bin_t.numel()) != len(self._bin):
+            self._bin_t = torch.tensor(self._bin, dtype=torch.int64)
+        return self._bin_t
+
+    def new_monomial_id(self) -> int:
+        """A fresh id for a monomial symbol (binpoly.Monomials records its support)."""
+        i = self.k
+        self.k += 1
+        self._bin.append(i)
+        return i
 
     # symbols
     def cap_for(self, f: Form) -> int:
@@ -842,7 +1056,9 @@ class ZonoTrack:
         g_new[torch.arange(idx.numel(), device=f.c.device), idx] = coef.reshape(-1)[idx]
         new_ids = torch.arange(self.k, self.k + idx.numel(), dtype=torch.int64)
         self.k += idx.numel()
-        self.binary = torch.cat([self.binary, new_ids])
+        for i in new_ids.tolist():
+            self._bin.append(i)
+            self.mono.base(i)
         return Form(f.c, torch.cat([f.Gd.expand(f.kd, *f.shape),
                                     g_new.reshape(idx.numel(), *f.shape)], 0), f.r,
                     torch.cat([f.idsd, new_ids]), f.L, f.lb, f.P).cap(self.cap_for(f))
@@ -942,7 +1158,11 @@ class ZonoTrack:
                           for s in states]
             boxes = [x if isinstance(x, Box) else None for x in ins]
             self.raw = ins
-            outs = rule(self, ctx, states, boxes, results)
+            token = _TRACK.set(self)
+            try:
+                outs = rule(self, ctx, states, boxes, results)
+            finally:
+                _TRACK.reset(token)
         except _NoForm:
             return results
         if outs is None:
@@ -1330,10 +1550,12 @@ def _cast_plan(ctx: RuleCtx, spec: KernelSpec, cs: Any, lo: torch.Tensor, hi: to
         return None
     if not bool((s_lo > 0).all()):
         return None
-    inv_lo, inv_hi = 1.0 / s_hi, 1.0 / s_lo
 
-    def q_of(x_lo: torch.Tensor, x_hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        t_lo, t_hi = imul(x_lo, x_hi, inv_lo, inv_hi)
+    def q_of(x_lo: torch.Tensor, x_hi: torch.Tensor, sc_lo: torch.Tensor | None = None,
+             sc_hi: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        # sc_lo / sc_hi: another scale interval (a branch of the scale, _walsh_cast)
+        a, b = (s_lo, s_hi) if sc_lo is None else (sc_lo, sc_hi)
+        t_lo, t_hi = imul(x_lo, x_hi, 1.0 / b, 1.0 / a)
         t_lo, t_hi = pad_lo(t_lo, SCALE_SLACK), pad_hi(t_hi, SCALE_SLACK)
         if dynamic:
             lim = fmt.max_finite * (1 + 2 * SCALE_SLACK)
@@ -1341,6 +1563,7 @@ def _cast_plan(ctx: RuleCtx, spec: KernelSpec, cs: Any, lo: torch.Tensor, hi: to
         elif fmt.max_finite * (1 - 2 * SCALE_SLACK) <= float(torch.maximum(t_lo.abs(), t_hi.abs()).max()):
             raise _NoForm  # a static scale that may overflow: the interval rule says inf
         return rne(t_lo, fmt), rne(t_hi, fmt)
+    q_of.max_finite = float(fmt.max_finite)  # type: ignore[attr-defined]
     return s_lo, s_hi, q_of
 
 
@@ -1474,6 +1697,178 @@ def _binary_branches(f: Form, brow: torch.Tensor, q_of: Callable, s_lo: torch.Te
             torch.where(ok, noise, torch.full_like(noise, float("inf"))))
 
 
+SCALE_ENUM = 8  # base symbols a per-tensor scale's amax may be evaluated on (2^k branches)
+
+
+def _scale_table(zt: ZonoTrack, cs: Any, f: Form, bm: torch.Tensor, lo: torch.Tensor,
+                 hi: torch.Tensor, s_lo: torch.Tensor, side: str, sample_axis: Any,
+                 batch: int | None) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor] | None:
+    """A dynamic per-tensor scale s = fl32(amax / M) as a function of the base binary symbols
+    its amax depends on (issue 12, design C). Only elements that may hold the amax (|x| can
+    reach the largest least magnitude) matter; when their binary rows have supports within a
+    set U of at most SCALE_ENUM base symbols, then on each sign vector sigma of U every such
+    element lies in [x_sigma - w, x_sigma + w] (met with its box), and the scale kind's own
+    enclosure of those bounds (the other elements keep their boxes) holds the scale of every
+    program whose flips are sigma. Returns (U, s_lo, s_hi per sign vector of U) or None (one
+    scale group only: a batch of one sample)."""
+    from kcverify.bounds.casts import activation_scale_bounds
+
+    if cs.scale != "dynamic_per_tensor" or s_lo.numel() != 1:
+        return None
+    cand = (mag(lo, hi) >= mig(lo, hi).max()).reshape(-1)
+    Gb = f.G[bm.to(f.G.device)]
+    ids = f.ids[bm].tolist()
+    touch = (Gb.reshape(int(Gb.shape[0]), -1)[:, cand] != 0).any(1).tolist()
+    U = tuple(sorted({b for i, t in zip(ids, touch) if t for b in zt.mono.support[i]}))
+    if not U or len(U) > SCALE_ENUM:
+        return None
+    sub = Form(f.c, f.G, f.r, f.ids)
+    groups, gs = _walsh_groups(zt, sub, bm, U)
+    k = len(U)
+    n = 1 << k
+    t_lo, t_hi, t_j, t_sg = [], [], [], []
+    lo_f, hi_f = lo.reshape(-1), hi.reshape(-1)
+    vals = []  # per group: the columns of U's sign vectors in its own enumeration
+    for V, els, xs, w in gs:
+        keep = cand[els]
+        if not bool(keep.any()):
+            continue
+        pos = [V.index(b) for b in U]
+        m = torch.arange(1 << len(V))
+        idx = sum(((m >> p) & 1) << j for j, p in enumerate(pos))
+        vals.append((els[keep], xs[:, keep], w[keep], idx))
+    for sig in range(n):
+        a, b = lo_f.clone(), hi_f.clone()
+        for els, xs, w, idx in vals:
+            # the element's values on sign vectors agreeing with sig on U (its other symbols
+            # free): their hull
+            sel = idx == sig
+            xl = pad_lo(xs[sel] - w).amin(0)
+            xh = pad_hi(xs[sel] + w).amax(0)
+            a[els] = torch.maximum(a[els], xl)
+            b[els] = torch.minimum(b[els], xh)
+        bad = a > b  # no program has these flips (the box excludes them): any scale will do
+        a, b = torch.where(bad, lo_f, a), torch.where(bad, hi_f, b)
+        sl, sh = activation_scale_bounds(a.reshape(lo.shape), b.reshape(hi.shape), cs, side,
+                                         sample_axis, batch)
+        if sl.numel() != 1:
+            return None
+        t_lo.append(sl.reshape(()))
+        t_hi.append(sh.reshape(()))
+        # the amax element on these flips, when one element is certainly it (its least
+        # magnitude above every other's greatest, above the floor, of one sign)
+        least, most = mig(a, b), mag(a, b)
+        j = int(least.argmax())
+        others = torch.cat([most[:j], most[j + 1:]])
+        one = (bool(least[j] > others.max()) if others.numel() else True) and \
+            float(least[j]) >= cs.floor and not bool(bad[j])
+        t_j.append(j if one else -1)
+        t_sg.append(1.0 if float(a[j]) > 0 else -1.0)
+    return U, torch.stack(t_lo), torch.stack(t_hi), t_j, t_sg
+
+
+def _walsh_cast(zt: ZonoTrack, f: Form, bm: torch.Tensor, q_of: Callable, s_lo: torch.Tensor,
+                s_hi: torch.Tensor, deq: float, scale: tuple | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]] | None:
+    """The cast as an exact polynomial of the base binary symbols (binpoly module doc): for
+    each element whose binary rows (and the scale's amax, ``scale`` = _scale_table's
+    (U, s_lo, s_hi per sign vector of U)) depend on a set V of at most ENUM_MAX base symbols,
+    the quotient of [x_sigma - w, x_sigma + w] by the scale of sigma must round to one value
+    q(sigma) on every sign vector sigma of V; then cast(x) = s(sigma) q(sigma) for the program's
+    flips sigma, and its Walsh expansion is kept whole (monomial symbols): centre, rows per
+    monomial id, and the noise (the scale's width, the dequantisation, terms dropped, float64
+    errors; inf where an element is not evaluated or a branch straddles)."""
+    extra = scale[0] if scale is not None else ()
+    groups, gs = _walsh_groups(zt, f, bm, extra)
+    if not gs:
+        return None
+    shape = f.shape
+    numel = f.c.numel()
+    norm = None  # relative to the amax element (scale[3]: one element on every sign vector)
+    if scale is not None and len(set(scale[3])) == 1 and scale[3][0] >= 0 \
+            and len(set(scale[4])) == 1:
+        j = scale[3][0]
+        U = scale[0]
+        bmd = bm.to(f.G.device)
+        gj = f.G[bmd].reshape(int(bmd.sum()), -1)[:, j]
+        rj = torch.nonzero(gj != 0).reshape(-1)
+        bids = f.ids[bm].tolist()
+        sgU = binpoly.signs(len(U))
+        chi = torch.ones((1 << len(U), int(rj.numel())), dtype=F64)
+        for c_, r_ in enumerate(rj.tolist()):
+            for b_ in zt.mono.support[bids[r_]]:
+                chi[:, c_] = chi[:, c_] * sgU[:, U.index(b_)]
+        yU = f.c.reshape(-1)[j] + chi @ gj[rj]  # the amax element on U's sign vectors
+        rc = _cont_rad(f, bm).reshape(-1)[j]
+        y_err = (int(rj.numel()) + 4) * U64 * (f.c.reshape(-1)[j].abs() + gj[rj].abs().sum())
+        rcj = pad_hi(rc + y_err) + TINY  # |continuous part of y| (and the float64 error of yU)
+        norm = (j, scale[4][0], yU, rcj, float(f.r.reshape(-1)[j]) + float(y_err))
+        abar = torch.zeros(numel, dtype=F64, device=f.c.device)
+    centre = torch.zeros(numel, dtype=F64, device=f.c.device)
+    noise = torch.full((numel,), float("inf"), dtype=F64, device=f.c.device)
+    sl_f = s_lo.expand(shape).reshape(-1) if s_lo.numel() > 1 else s_lo.reshape(1)
+    sh_f = s_hi.expand(shape).reshape(-1) if s_hi.numel() > 1 else s_hi.reshape(1)
+    terms: dict[int, torch.Tensor] = {}
+    for V, els, xs, w in gs:
+        k = len(V)
+        n = 1 << k
+        if scale is not None:
+            pos = [V.index(b) for b in scale[0]]
+            m = torch.arange(n)
+            idx = sum(((m >> p) & 1) << j for j, p in enumerate(pos))
+            a = scale[1][idx].unsqueeze(1).expand(n, int(els.numel()))
+            b = scale[2][idx].unsqueeze(1).expand(n, int(els.numel()))
+        else:
+            a = (sl_f[els] if sl_f.numel() > 1 else sl_f).expand(n, int(els.numel()))
+            b = (sh_f[els] if sh_f.numel() > 1 else sh_f).expand(n, int(els.numel()))
+        q_lo, q_hi = q_of(pad_lo(xs - w), pad_hi(xs + w), a, b)
+        ok = ((q_lo == q_hi) & torch.isfinite(q_lo)).all(0)
+        if not bool(ok.any()):
+            continue
+        q = torch.where(ok.unsqueeze(0), q_lo, torch.zeros_like(q_lo))
+        if norm is None:  # s(sigma) q(sigma), s in its interval
+            s_mid = 0.5 * a + 0.5 * b
+            s_hw = pad_hi(torch.maximum(b - s_mid, s_mid - a).clamp_min(0.0))
+            v = s_mid * q
+            nz = (s_hw * q.abs() + (2 * deq + 1e-15) * b * q.abs()).amax(0)
+        else:  # s = fl32(|y| / M) for the amax element y = y_sigma + d: q sg / M (y_sigma + d)
+            j, sg, yU, rcj, _ = norm
+            M = float(q_of.max_finite)
+            ys = yU[idx].unsqueeze(1)  # (n, 1)
+            al = q * (sg / M)
+            v = al * ys
+            ab = al.mean(0)
+            spread = (al - ab.unsqueeze(0)).abs().amax(0)
+            ymax = ys.abs().amax() + rcj
+            nz = (spread * rcj + al.abs().amax(0) * ymax * (2.0**-22 + 2 * deq + 1e-15)
+                  + (n + 4) * U64 * al.abs().amax(0) * rcj)
+        vmax = v.abs().amax(0)
+        coef = binpoly.fwht(v, k)
+        const, ids, rows, dropped = binpoly.walsh_terms(zt.mono, zt.new_monomial_id, V, coef,
+                                                        vmax)
+        fp = (k * (n + 2) + 8) * U64 * vmax + 4 * U64 * (const.abs() + rows.abs().sum(0))
+        nz = pad_hi((nz + dropped + fp) * (1 + 1e-12)) + TINY
+        okd = ok.to(centre.device)
+        e_ok = els[ok]
+        centre[e_ok] = const[okd]
+        noise[e_ok] = nz[okd]
+        if norm is not None:
+            abar[e_ok] = ab[okd]
+        for i, row in zip(ids, rows):
+            t = terms.get(i)
+            if t is None:
+                t = terms[i] = torch.zeros(numel, dtype=F64, device=f.c.device)
+            t[e_ok] = row[okd]
+    if not bool(torch.isfinite(noise).any()):
+        return None
+    cont = None
+    if norm is not None:  # the continuous rows of the amax element, times abar; r_j: noise
+        cont = (norm[0], abar.reshape(shape))
+        noise = pad_hi(noise + abar.abs() * (norm[4] + 4 * U64 * float(norm[3]))) + TINY
+    return (centre.reshape(shape), noise.reshape(shape),
+            {i: t.reshape(shape) for i, t in terms.items()}, cont)
+
+
 def _normalized_cast(spec: KernelSpec, cs: Any, f: Form, lo: torch.Tensor, hi: torch.Tensor,
                      sample_axis: Any, batch: int | None, deq: float
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -1600,7 +1995,7 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
     inf = torch.full_like(lo, float("inf"))
     # options: 0 = x + e, 1 = image box, 2 = point / binary image, 3 = branches of a binary
     # symbol, 4 = branches of the binary symbol the scale's amax depends on (_scale_branches)
-    noise = [e_hw, i_hw, inf, inf, inf, inf]
+    noise = [e_hw, i_hw, inf, inf, inf, inf, inf]
     cs = spec.weights if weight else spec.activations
     plan = (_cast_plan(ctx, spec, cs, lo, hi, side, sample_axis)
             if cs is not None and not weight else None)
@@ -1615,6 +2010,27 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
         ok2 = (single | adj) & torch.isfinite(c2)
         noise[2] = torch.where(ok2, n2, inf)
         rows = torch.isin(f.ids, zt.binary) if zt.binary.numel() and f.k else None
+        if (rows is not None and bool(rows.any()) and EXACT_BINARY
+                and int(rows.sum()) <= binpoly.ROWS_MAX):
+            # 6: the cast as an exact polynomial of the base binary symbols (and the scale's)
+            tab = _scale_table(zt, cs, f, rows, lo, hi, s_lo, side, sample_axis, ctx.batch)
+            wc = _walsh_cast(zt, f, rows, q_of, s_lo, s_hi, deq, tab)
+            if wc is not None:
+                c6, noise[6], terms, cont = wc
+                new_ids = [i for i in sorted(terms) if i not in set(f.ids.tolist())]
+                if new_ids:  # zero rows for the new monomials: the same set
+                    z = torch.zeros((len(new_ids), *f.shape), dtype=F64, device=f.c.device)
+                    f = _with_rows(f, z, new_ids)
+                    rows = torch.isin(f.ids, zt.binary)
+                pos = {i: j for j, i in enumerate(f.ids.tolist())}
+                G6 = torch.zeros_like(f.G)
+                for i, t in terms.items():
+                    G6[pos[i]] = t
+                if cont is not None:  # abar_e times the amax element's continuous rows
+                    jc, abar = cont
+                    cr = torch.nonzero(~rows).reshape(-1).to(f.G.device)
+                    gjc = f.G[cr].reshape(int(cr.numel()), -1)[:, jc]
+                    G6[cr] = gjc.reshape(-1, *([1] * len(f.shape))) * abar.unsqueeze(0)
         if rows is not None and bool(rows.any()):
             brow = torch.nonzero(rows).reshape(-1).to(f.G.device)
             c3, G_branch, noise[3] = _binary_branches(f, brow, q_of, s_lo, s_hi, deq)
@@ -1650,6 +2066,10 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
         c = torch.where(best == 5, c5, c)
         r = torch.where(best == 5, noise[5], r)
         G = torch.where(best == 5, G5, G)
+    if bool((best == 6).any()):
+        c = torch.where(best == 6, c6, c)
+        r = torch.where(best == 6, noise[6], r)
+        G = torch.where(best == 6, G6, G)
     out = f.like(c, G, r)
     if CAST_TRACE is not None:
         CAST_TRACE(ctx.node.name, side, k, best, noise, f, zt)

@@ -297,3 +297,22 @@ def test_cast_check_catches_dropped_terms(monkeypatch) -> None:
     hits = [_check_cast(np.random.default_rng(s), broken=True)[0] for s in range(4)]
     assert max(hits) > 0.0
     assert max(_check_cast(np.random.default_rng(s))[0] for s in range(4)) <= 0.0
+
+
+def test_a_tie_squared_and_subtracted_is_exact_in_best() -> None:
+    """tests/planner/test_prove_cases' model (a tie z in {20, 22}, out = z z - z z): the
+    zonotope keeps the squares exact over the binary symbol, so `best` bounds it near 0 without
+    cases (with the products linearised, or in intervals, the bound is > 1)."""
+    from kcverify.bounds import certify_drift
+    from tests.bounds.test_cases import INF, TRAIN, X
+    from tests.planner.test_prove_cases import _model
+    from tests.soundness.adversarial.harness import graph_of
+
+    g = graph_of(_model())
+    exact = float(certify_drift(g, TRAIN, INF, {"x": X}, domain="best").linf[0])
+    Z.EXACT_BINARY = False
+    try:
+        lin = float(certify_drift(g, TRAIN, INF, {"x": X}, domain="best").linf[0])
+    finally:
+        Z.EXACT_BINARY = True
+    assert exact < 0.01 and lin > 1.0, (exact, lin)

@@ -20,7 +20,9 @@ turned into fresh symbols, one per element, so rounding errors keep their signs 
 Each form keeps at most ``K_MAX`` symbols and ``ELEMENT_BUDGET`` generator entries: the rows of
 least total magnitude are folded into its ``r`` (order reduction; sound: |g eps| <= |g|, and
 other tensors may keep the symbol). A form names its symbols (``ids``); binary symbols (values
--1 or +1: a straddled fp8 rounding) are listed in ``ZonoTrack.binary`` (see ``_cast_operand``).
+-1 or +1: a straddled fp8 rounding) are listed in ``ZonoTrack.binary`` (see ``_cast_operand``);
+their monomials are binary symbols too, with supports in ``ZonoTrack.mono``, and products,
+smooth functions and casts of them are kept exact polynomials (binpoly.py; ``EXACT_BINARY``).
 
 This domain runs beside the interval domain (engine.run_graph's ``zono``): every node is first
 bounded by its interval rule; the zonotope rule reads the input boxes (the interval result met

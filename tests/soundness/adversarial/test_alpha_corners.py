@@ -244,7 +244,8 @@ def _mlp_boxes(seed: int, n_in: int, eps: float, n: int = 2):
     return c, rnd(cs - eps, "fp32"), rnd(cs + eps, "fp32")
 
 
-@pytest.mark.parametrize("sp_name", sorted(SPECS))
+@pytest.mark.parametrize("sp_name", [pytest.param(n, marks=pytest.mark.slow) if n != "fp16"
+                                     else n for n in sorted(SPECS)])
 def test_alpha_random_mlp_adversarial_weights(sp_name: str) -> None:
     """Random MLPs whose every neuron has its kink at the box centre (all unstable)."""
     c, lo, hi = _mlp_boxes(0, 4, 0.05)

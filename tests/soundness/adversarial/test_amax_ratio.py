@@ -102,10 +102,7 @@ def ratio_attack(led: Ledger, kind: str, seed: int, relu: bool, sp=SP, T: int = 
 @pytest.mark.parametrize("kind", KINDS)
 def test_quotients_at_midpoints_relative_to_the_amax(kind: str, relu: bool) -> None:
     led = Ledger()
-    found = []
-    for seed in range(2):
-        f, _, cls = ratio_attack(led, kind, seed, relu)
-        found += f
+    found, _, cls = ratio_attack(led, kind, 0, relu)
     SESSION.merge(led)
     assert led[cls].pairs > 0
     assert not found, ratio_text(led[cls]) + "\n" + "\n".join(found[:3])

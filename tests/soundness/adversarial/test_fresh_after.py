@@ -157,12 +157,31 @@ def fresh_attack(led: Ledger, geom: str, sp_name: str, wkind: str, xkind: str, s
 WKINDS = ("plain", "huge", "mixed")
 XKINDS = ("midpoints", "normal")
 # every geometry under every spec once, the weight and input kinds in rotation
-FAST = [(g, s, WKINDS[(i + j) % 3], XKINDS[(i + j) % 2]) for i, g in enumerate(GEOMETRIES)
-        for j, s in enumerate(FRESH_SPECS)]
+ALL = [(g, s, WKINDS[(i + j) % 3], XKINDS[(i + j) % 2]) for i, g in enumerate(GEOMETRIES)
+       for j, s in enumerate(FRESH_SPECS)]
+# each geometry once in CI, the specs in rotation (the rest slow; every combination in the
+# campaign)
+FAST = [("mlp", "fp8_tensor_bf16", "plain", "midpoints"),
+        ("rank4", "fp8_token_bf16", "mixed", "midpoints"),
+        ("expand", "fp8_token_bf16", "plain", "midpoints"),
+        ("transposed", "bf16_acc_bf16", "mixed", "normal"),
+        ("gemm_tb", "fp8_token_bf16", "plain", "normal"),
+        ("attn", "fp8_tensor_bf16", "mixed", "midpoints")]
+SLOW = [c for c in ALL if c not in FAST]
 
 
 @pytest.mark.parametrize(("geom", "sp_name", "wkind", "xkind"), FAST)
 def test_fresh_after_product(geom: str, sp_name: str, wkind: str, xkind: str) -> None:
+    _fresh(geom, sp_name, wkind, xkind)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("geom", "sp_name", "wkind", "xkind"), SLOW)
+def test_fresh_after_product_slow(geom: str, sp_name: str, wkind: str, xkind: str) -> None:
+    _fresh(geom, sp_name, wkind, xkind)
+
+
+def _fresh(geom: str, sp_name: str, wkind: str, xkind: str) -> None:
     led = Ledger()
     found, _ = fresh_attack(led, geom, sp_name, wkind, xkind, 0)
     SESSION.merge(led)

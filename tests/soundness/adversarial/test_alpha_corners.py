@@ -1,5 +1,5 @@
 """alpha-CROWN slopes in the regions chain domain (kcverify/regions/chain.py ``optimise_slopes``,
-method ``chain:alpha2``) against conforming programs of fp16 / e4m3-weight kernels.
+method ``chain:alpha<ALPHA_ITERS>``, the prover's setting in kcverify/regions/plan.py) against conforming programs of fp16 / e4m3-weight kernels.
 
 Claims attacked: every ReLU's pre-activation boxes (both kernels and the drift; these are what
 the optimised slopes tighten, ``ChainBounds._tighten``), the output sets, and the split
@@ -26,13 +26,14 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from kcverify.regions.plan import ALPHA_ITERS  # the steps the prover uses
 from tests.soundness.adversarial.arith import rnd
 from tests.soundness.adversarial.attacks import pairs
 from tests.soundness.adversarial.harness import SESSION, TRAIN, Ledger, graph_of, ratio_text
 from tests.soundness.adversarial.interp import ProgramRunner
 from tests.soundness.adversarial.test_chain import SPECS, _acas
 
-ALPHA = 2
+ALPHA = ALPHA_ITERS or 2
 
 
 def with_preactivations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:

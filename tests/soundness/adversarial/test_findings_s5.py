@@ -102,3 +102,34 @@ def test_ftz_flushed_casts_inside(domain: str) -> None:
                                                        Program(FTZ_SP, quotient="fp32"))],
                    domain=domain)
     assert not found, "\n".join(found[:2])
+
+
+@pytest.mark.parametrize("scale", ["static", "none", "dynamic_per_tensor", "dynamic_per_token"])
+def test_ftz_wide(scale: str) -> None:
+    """F2 beyond the reproducer: K = 8 rows whose quotients are (k + 1/4) 2^-9 (e4m3 subnormals,
+    away from midpoints), under every scale the grid path and the zonotope's plan take; before
+    50c4510 the programs drifted up to 430x the certified bound."""
+    from tests.soundness.adversarial.harness import Ledger, attack, node_model
+    from tests.soundness.adversarial.programs import Program
+
+    acts = {"format": "fp8_e4m3", "scale": scale, "ftz": True}
+    if scale == "static":
+        acts["value"] = 2.0**-7
+    sp = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"}, activations=acts,
+              accumulate="fp32", compute="fp32")
+    rng = np.random.default_rng(1)
+    K = 8
+    s = 1.0 / 448 if scale.startswith("dynamic") else (2.0**-7 if scale == "static" else 1.0)
+    x = np.zeros((1, 2, K))
+    q = (np.arange(1, 8) + 0.25) * 2.0**-9
+    x[0, :, 1:] = rng.choice(q, size=(2, K - 1)) * s * rng.choice([-1, 1], size=(2, K - 1))
+    x[0, :, 0] = 1.0 if scale.startswith("dynamic") else 0.5 * s
+    x = rnd(x, "fp32").astype(np.float32)
+    w = rnd(rng.normal(size=(K, 3)), "fp8_e4m3").astype(np.float32)
+    model = node_model("MatMul", [("x", (1, 2, K)), ("w", w)])
+    progs = [(Program(TRAIN), Program(sp)), (Program(TRAIN, order="rev"),
+                                             Program(sp, quotient="fp32", order="greedy_up"))]
+    for domain in ("interval", "best"):
+        led = Ledger()
+        found = attack(led, "ftz", model, TRAIN, sp, {"x": x}, progs, domain=domain)
+        assert not found, "\n".join(found[:2])

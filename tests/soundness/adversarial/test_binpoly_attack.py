@@ -62,6 +62,12 @@ SP = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
 SP_TOKEN = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
                 activations={"format": "fp8_e4m3", "scale": "dynamic_per_token"},
                 accumulate="fp32", compute="fp32")
+SP_ANY = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+              activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
+              accumulate="fp32", compute="fp32", rounding="any")
+SP_BF16 = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+               activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
+               accumulate="fp32", compute="bf16")
 ORDERS = ("seq", "rev", "greedy_up", "greedy_down", "alt")
 
 
@@ -106,7 +112,8 @@ def prog(sp, first: np.ndarray | None, later: str, order: str, seed: int, label:
             return rng.random(shape) < 0.5
         return np.full(shape, later == "fp32")
     return FlipProgram(sp, order=order, row_order=order, seed=seed, label=label, flips=flips,
-                       calls=[])
+                       calls=[], rescale=("one", "two", "exact")[seed % 3],
+                       cast_rounding=("up", "down", "random")[(seed // 3) % 3])
 
 
 def first_cast(model, sp, feeds) -> tuple[np.ndarray, np.ndarray]:
@@ -285,6 +292,46 @@ def net_amax(rng, K: int = 6, H: int = 8, N: int = 3, sub: bool = False):
     return model, {"x": x.astype(np.float32)}, w1
 
 
+def net_and(rng, form: str, H: int = 4, N: int = 3):
+    """Flips as 0/1 switches: x1..x3 tie between e4m3 quotients 12 and 13, x4 is 12 s exactly,
+    so h_i = x W_i = a_j s (q_i - 12) is 0 or a_j s (centre = coefficient): ``form`` "and3":
+    h0 h1 h2 (the AND of three flips, every Walsh coefficient of degree 0..3 equal) -> Softmax;
+    "sm2": Softmax(h0 h1) * h2 -> LayerNormalization (degree 3 through two nonlinear ops)."""
+    amax = 1.7
+    s = float(rnd(amax / 448.0, "fp32"))
+    K = 6
+    x = np.zeros(K)
+    x[0] = rnd(amax, "fp32")
+    for i in (1, 2, 3):
+        v = None
+        for m in (12.5, 12.5, 12.5):
+            v = v or tie_value(m, s, rng)
+        assert v is not None
+        x[i] = v
+    x[4] = rnd(12.0 * s, "fp32")
+    x[5] = rnd(rng.uniform(-0.5, 0.5), "fp32")
+    a = rnd(rng.uniform(160, 440, size=H) * rng.choice([-1.0, 1.0], size=H), "fp8_e4m3")
+    ws = []
+    for i in range(3):
+        w = np.zeros((K, H))
+        w[1 + i] = a
+        w[4] = -a
+        ws.append(w.astype(np.float32))
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", f"w{j}"], [f"h{j}"]) for j in range(3)]
+    ins = [("x", (1, 1, K))] + [(f"w{j}", ws[j]) for j in range(3)] + [("wo", _w(rng, (H, N)))]
+    if form == "and3":
+        nodes += [n("Mul", ["h0", "h1"], ["p"]), n("Mul", ["p", "h2"], ["z"]),
+                  n("Softmax", ["z"], ["a"], axis=-1)]
+    else:
+        nodes += [n("Mul", ["h0", "h1"], ["p"]), n("Softmax", ["p"], ["e"], axis=-1),
+                  n("Mul", ["e", "h2"], ["z"]),
+                  n("LayerNormalization", ["z", "g", "b"], ["a"], axis=-1, epsilon=1e-5)]
+        ins += [("g", _w(rng, (H,))), ("b", _w(rng, (H,), 0.1))]
+    nodes.append(n("MatMul", ["a", "wo"], ["y"]))
+    return chain_model(nodes, ins, ["y", "z", "a"]), {"x": x.reshape(1, 1, K).astype(np.float32)}, ws[0]
+
+
 NETS = {
     "many/ln": lambda rng: net_many(rng, "ln"),
     "many/softmax": lambda rng: net_many(rng, "softmax"),
@@ -294,6 +341,8 @@ NETS = {
     "masked": lambda rng: net_attn(rng, True),
     "amax": net_amax,
     "amax/sub": lambda rng: net_amax(rng, sub=True),
+    "and3": lambda rng: net_and(rng, "and3"),
+    "and/sm2": lambda rng: net_and(rng, "sm2"),
 }
 
 
@@ -323,15 +372,17 @@ def _opt6(counts: Counter) -> int:
 
 
 FAST = [("many/ln", 0), ("many/softmax", 0), ("deg3", 0), ("paths", 0), ("attn", 0),
-        ("masked", 0), ("amax", 0), ("amax/sub", 0)]
+        ("masked", 0), ("amax", 0), ("amax/sub", 0), ("and3", 0), ("and/sm2", 0)]
 
 
+@pytest.mark.parametrize("domain", ["best", "zonotope"])
 @pytest.mark.parametrize(("name", "seed"), FAST)
-def test_binpoly_flips(name: str, seed: int) -> None:
+def test_binpoly_flips(name: str, seed: int, domain: str) -> None:
     """Every tie direction (all 2^k where k <= 7, else extremes, column-adversarial and random
-    vectors) against the best domain's sets."""
+    vectors) against the best and the zonotope domain's sets; the later casts of the first
+    one's shape (a second MatMul of x) flipped the other way."""
     led = Ledger()
-    found, counts, k, n = run_net(led, name, seed, n_rand=3, n_later=1)
+    found, counts, k, n = run_net(led, name, seed, n_rand=3, n_later=2, domain=domain)
     SESSION.merge(led)
     assert k >= 2, f"the input must tie (k = {k})"
     assert led[f"binpoly/{name}"].pairs >= n
@@ -374,9 +425,79 @@ def test_binpoly_campaign(name: str) -> None:
     led = Ledger()
     found = []
     for seed in range(1, 9):
-        for sp in (SP, SP_TOKEN):
-            f, _, _, _ = run_net(led, name, seed, n_rand=12, sp=sp, n_later=3)
-            found += f
+        for sp in (SP, SP_TOKEN, SP_ANY, SP_BF16):
+            for domain in ("best", "zonotope"):
+                f, _, _, _ = run_net(led, name, seed, n_rand=12, sp=sp, n_later=5, domain=domain)
+                found += f
     SESSION.merge(led)
     print(led.report())
     assert not found, "\n".join(found[:5])
+
+
+def decoder_programs(sp, n: int = 12, seed: int = 0) -> list[FlipProgram]:
+    """Whole-model programs choosing the quotient per element of every cast (all exact, all
+    fp32, seeded mixes), in several orders and rescalings: the structural ties of the decoder's
+    out-projections (docs/bounds.md) go both ways element by element."""
+    out = []
+    for j in range(n):
+        later = ("exact", "fp32", "random", "random")[j % 4]
+        order = ORDERS[j % len(ORDERS)]
+        p = prog(sp, None, later, order, seed + j, f"dec/{later}/{order}/{seed + j}")
+        out.append(p.with_(rescale=("one", "two", "exact")[j % 3]))
+    return out
+
+
+@pytest.mark.campaign
+@pytest.mark.parametrize("index", [0, 1])
+def test_binpoly_decoder(index: int) -> None:
+    """tiny_decoder under fp8-deploy, domain best (the binpoly bound, 45.19 on eval input 0 in
+    dc10a6f), against programs flipping every cast's ties per element."""
+    from tests.soundness.adversarial.subjects import shipped
+    from tests.soundness.adversarial.test_fp8_deploy_models import ROOT, deploy_spec
+
+    sp = deploy_spec()
+    ids = np.load(ROOT / "examples" / "data" / "eval.npz")["input_ids"][index:index + 1]
+    trains = [Program(TRAIN, order=o, row_order=o, seed=j, label=f"train/{o}")
+              for j, o in enumerate(("seq", "greedy_up", "greedy_down", "random"))]
+    progs = decoder_programs(sp, 12, 100 * index)
+    pairs = [(trains[j % 4], p) for j, p in enumerate(progs)]
+    led = Ledger()
+    cls = "binpoly/decoder"
+    found = attack(led, cls, shipped("tiny_decoder"), TRAIN, sp, {"input_ids": ids}, pairs,
+                   domain="best")
+    SESSION.merge(led)
+    print(cls, index, ratio_text(led[cls]))
+    assert not found, "\n".join(found[:3])
+
+
+@pytest.mark.parametrize(("mutant", "name"), [("square_zero", "paths"), ("cast_noise", "attn"),
+                                              ("smooth_noise", "attn")])
+def test_broken_binpoly_caught(mutant: str, name: str, monkeypatch) -> None:
+    """The attack can fail: a binpoly that drops the constant of b^2 = 1 (poly_product), the
+    Walsh cast's noise (x 1e-6) or the Walsh smooth function's r is caught by these programs."""
+    import kcverify.bounds.zonotope as Z
+    from kcverify.bounds import binpoly as B
+
+    if mutant == "square_zero":
+        orig = B.poly_product
+
+        def broken(*a, **k):
+            const, rows, ids, err = orig(*a, **k)
+            return const * 0, rows, ids, err
+        monkeypatch.setattr(B, "poly_product", broken)
+    elif mutant == "cast_noise":
+        orig_c = Z._walsh_cast
+
+        def broken_c(*a, **k):
+            r = orig_c(*a, **k)
+            return r if r is None else (r[0], r[1] * 1e-6, r[2], r[3])
+        monkeypatch.setattr(Z, "_walsh_cast", broken_c)
+    else:
+        orig_s = Z._smooth_walsh
+
+        def broken_s(*a, **k):
+            r = orig_s(*a, **k)
+            return r if r is None else r.with_r(r.r * 0)
+        monkeypatch.setattr(Z, "_smooth_walsh", broken_s)
+    found, _, _, _ = run_net(Ledger(), name, 0, n_rand=3, n_later=2, domain="zonotope")
+    assert found

@@ -242,11 +242,15 @@ def net_paths(rng, K: int = 5, H: int = 4, N: int = 3):
     return chain_model(nodes, ins, ["y", "sq", "df", "rh"]), {"x": x}, w1
 
 
-def net_attn(rng, masked: bool, T: int = 3, K: int = 4, D: int = 4, wscale: float = 2.0):
+def net_attn(rng, masked: bool, T: int = 3, K: int = 4, D: int = 4, wscale: float = 2.0,
+             same: bool = False):
+    """``same``: k is q itself (one cast of x: the same base symbols on both operands of
+    QK^T, whose diagonal is q_t . q_t), else a second MatMul of x by the same weight."""
     x = tied_input((1, T, K), rng, frac=0.7)
     wq, wv, wo = _w(rng, (K, D), wscale), _w(rng, (K, D)), _w(rng, (D, K))
     n = helper.make_node
-    nodes = [n("MatMul", ["x", "wq"], ["q"]), n("MatMul", ["x", "wq"], ["k"]),
+    nodes = [n("MatMul", ["x", "wq"], ["q"]),
+             n("Identity", ["q"], ["k"]) if same else n("MatMul", ["x", "wq"], ["k"]),
              n("MatMul", ["x", "wv"], ["v"]), n("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
              n("MatMul", ["q", "kt"], ["s"])]
     ins = [("x", (1, T, K)), ("wq", wq), ("wv", wv), ("wo", wo)]
@@ -261,9 +265,12 @@ def net_attn(rng, masked: bool, T: int = 3, K: int = 4, D: int = 4, wscale: floa
     return chain_model(nodes, ins, ["y", "s", "p"]), {"x": x}, wq
 
 
-def net_amax(rng, K: int = 6, H: int = 8, N: int = 3, sub: bool = False):
+def net_amax(rng, K: int = 6, H: int = 8, N: int = 3, sub: bool = False, certain: bool = False):
     """Module doc: columns 0 and 1 depend on tied elements 1 and 2 (equal values), the amax
-    moves between them with the flips; columns 2.. at relative midpoints."""
+    moves between them with the flips; columns 2.. at relative midpoints. ``certain``: column
+    1 takes half the weight (column 0 is the amax on every sign vector, the cast relative to
+    it: _walsh_cast's normalised path), and every other column from 2 on is column 1 times r_j
+    (its quotient 448 r_j h1 / h0 moves with both ties)."""
     amax = 1.7
     s = float(rnd(amax / 448.0, "fp32"))
     x = rnd(rng.uniform(0.2, 0.9, size=(1, 1, K)) * amax, "fp32")
@@ -277,13 +284,16 @@ def net_amax(rng, K: int = 6, H: int = 8, N: int = 3, sub: bool = False):
     base[1] = base[2] = 0.0
     c0, c1 = base.copy(), base.copy()
     c0[1] = c1[2] = 448.0
+    if certain:
+        c1[2] = 224.0
     cols = [c0, c1]
     grid = np.unique(np.abs(rnd(np.linspace(200, 448, 600), "fp8_e4m3")))
     pool = (np.arange(1, 8) + 0.5) * 2.0**-9 if sub else (grid[:-1] + grid[1:]) / 2
     for _ in range(2, H):
         m = float(pool[rng.integers(len(pool))])
         r = float(rnd(m / 448.0 * (1 + int(rng.integers(-2, 3)) * 2.0**-24), "fp32"))
-        cols.append(c0 * r * rng.choice([-1.0, 1.0]))
+        src = c1 if certain and len(cols) % 2 else c0
+        cols.append(src * r * rng.choice([-1.0, 1.0]))
     w1 = np.stack(cols, axis=1).astype(np.float32)
     n = helper.make_node
     nodes = [n("MatMul", ["x", "w1"], ["h"]), n("MatMul", ["h", "w2"], ["y"])]
@@ -335,12 +345,17 @@ def net_and(rng, form: str, H: int = 4, N: int = 3):
 NETS = {
     "many/ln": lambda rng: net_many(rng, "ln"),
     "many/softmax": lambda rng: net_many(rng, "softmax"),
+    "many14/ln": lambda rng: net_many(rng, "ln", K=15),
+    "many15/softmax": lambda rng: net_many(rng, "softmax", K=16),
     "deg3": net_deg3,
     "paths": net_paths,
     "attn": lambda rng: net_attn(rng, False),
     "masked": lambda rng: net_attn(rng, True),
+    "selfattn": lambda rng: net_attn(rng, False, same=True),
+    "selfattn/masked": lambda rng: net_attn(rng, True, same=True),
     "amax": net_amax,
     "amax/sub": lambda rng: net_amax(rng, sub=True),
+    "amax/certain": lambda rng: net_amax(rng, certain=True),
     "and3": lambda rng: net_and(rng, "and3"),
     "and/sm2": lambda rng: net_and(rng, "sm2"),
 }
@@ -372,7 +387,8 @@ def _opt6(counts: Counter) -> int:
 
 
 FAST = [("many/ln", 0), ("many/softmax", 0), ("deg3", 0), ("paths", 0), ("attn", 0),
-        ("masked", 0), ("amax", 0), ("amax/sub", 0), ("and3", 0), ("and/sm2", 0)]
+        ("masked", 0), ("amax", 0), ("amax/sub", 0), ("and3", 0), ("and/sm2", 0),
+        ("selfattn", 0), ("selfattn/masked", 1), ("many14/ln", 0), ("amax/certain", 0)]
 
 
 @pytest.mark.parametrize("domain", ["best", "zonotope"])

@@ -6,9 +6,10 @@ cast, x @ W with fresh symbols after the product) carry the bound. Programs: the
 extremes of attacks.pairs and cast-splitting programs (quotient exact / fp32 / per element,
 rescale in one or two roundings, greedy orders) against training programs in several orders.
 Each certification is minutes under load (the decoder's 137 s wall on eval input 0, session 5):
-campaigns only. Measured there (session 5, 2-core sandbox, load 4): tiny_decoder, inputs 0 and
-3, 8 pairs each, inside; the best bound is vacuous (89,868 against the programs' 0.242 on input
-0: docs/bounds.md's "inf" row for fp8-deploy), so these runs check containment, not sharpness.
+campaigns only. Measured (session 5, 2-core sandbox, load 4, the zonotope just before dc10a6f):
+tiny_decoder, inputs 0 and 3, 8 pairs each, inside; the best bound there was vacuous (89,868
+against the programs' 0.242 on input 0; docs/bounds.md has the figure after dc10a6f), so these
+runs check containment, not sharpness.
 """
 
 from __future__ import annotations

@@ -799,11 +799,11 @@ def f_select(cond: torch.Tensor, a: Form, b: Form) -> Form:
     return Form(torch.where(cond, a.c, b.c), torch.where(cond, ga, gb), torch.where(cond, a.r, b.r), u)
 
 
-def f_smooth(a: Form, lo: torch.Tensor, hi: torch.Tensor, f: Callable, df: Callable,
-             df_range: Callable) -> Form | None:
-    """f(x) = f(c) + f'(c)(x - c) + R, |R| <= max |f'(hull) - f'(c)| * max |x - c| (mean-value
-    theorem over the hull of [lo, hi] and c). None when the expansion is not finite."""
-    c = a.c
+def _first_order(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, f: Callable, df: Callable,
+                 df_range: Callable) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(f(c), f'(c), R): the first-order expansion at c of f over [lo, hi] and its mean-value
+    remainder bound R = max |f'(hull) - f'(c)| * max |x - c| (hull of [lo, hi] and c), each
+    rounded outward; None when any of them is not finite."""
     f0 = f(c)
     lam = df(c)
     h_lo, h_hi = torch.minimum(lo, c), torch.maximum(hi, c)
@@ -816,6 +816,17 @@ def f_smooth(a: Form, lo: torch.Tensor, hi: torch.Tensor, f: Callable, df: Calla
     if not (bool(torch.isfinite(f0).all()) and bool(torch.isfinite(lam).all())
             and bool(torch.isfinite(R).all())):
         return None
+    return f0, lam, R
+
+
+def f_smooth(a: Form, lo: torch.Tensor, hi: torch.Tensor, f: Callable, df: Callable,
+             df_range: Callable) -> Form | None:
+    """f(x) = f(c) + f'(c)(x - c) + R, |R| <= max |f'(hull) - f'(c)| * max |x - c| (mean-value
+    theorem over the hull of [lo, hi] and c). None when the expansion is not finite."""
+    first = _first_order(a.c, lo, hi, f, df, df_range)
+    if first is None:
+        return None
+    f0, lam, R = first
     zt = _binary_track()
     if zt is not None and a.kd:
         bm = _bin_mask(zt, a.idsd)
@@ -863,18 +874,10 @@ def _smooth_walsh(zt: ZonoTrack, a: Form, bm: torch.Tensor, lo: torch.Tensor, hi
     shape = a.shape
     numel = a.c.numel()
     c = a.c
-    f0 = f(c)
-    lam = df(c)
-    h_lo, h_hi = torch.minimum(lo, c), torch.maximum(hi, c)
-    g_lo, g_hi = df_range(h_lo, h_hi)
-    g_lo = pad_lo(g_lo, 64 * U64) - TINY
-    g_hi = pad_hi(g_hi, 64 * U64) + TINY
-    dev = pad_hi(torch.maximum(g_hi - lam, lam - g_lo).clamp_min(0.0))
-    w0 = pad_hi(torch.maximum(hi - c, c - lo).clamp_min(0.0))
-    R = pad_hi(dev * w0)
-    if not (bool(torch.isfinite(f0).all()) and bool(torch.isfinite(lam).all())
-            and bool(torch.isfinite(R).all())):
+    first = _first_order(c, lo, hi, f, df, df_range)
+    if first is None:
         return None
+    f0, lam, R = first
     cen = f0.reshape(-1).clone()
     slope = lam.reshape(-1).clone()
     extra = pad_hi(R + 64 * U64 * f0.abs()).reshape(-1).clone()  # beyond |slope| r

@@ -776,16 +776,11 @@ def _mags(cb: ChainBounds, tr: dict[str, Any], j: int) -> dict[str, Any]:
     return tr
 
 
-def _rows(r: Bounds, idx: torch.Tensor, upto: int, cb: ChainBounds) -> Bounds:
-    """The bounds of boxes ``idx`` (with repetition: one row per objective) over steps < upto,
-    for back-substitution; the relaxations are computed once on the whole batch and gathered."""
-    def take(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return v[idx] if v.dim() >= 1 and v.shape[0] == len(r.box.lo) else v
-        if isinstance(v, list | tuple):
-            return type(v)(take(x) for x in v)
-        return v
-    trace = []
+
+def _relaxed_trace(cb: Any, r: Any, upto: int) -> list[dict[str, Any]]:
+    """The first ``upto`` steps of a run's trace with their magnitudes, each ReLU step with its
+    relaxations (per network, and of the drift for a pair) filled in where missing."""
+    out = []
     for j in range(upto):
         tr = _mags(cb, r.trace[j], j)
         if cb.chain.steps[j].kind == "relu":
@@ -795,7 +790,19 @@ def _rows(r: Bounds, idx: torch.Tensor, upto: int, cb: ChainBounds) -> Bounds:
             if len(tr["lo"]) == 2 and tr["dlo"] is not None and "relax_d" not in tr:
                 tr["relax_d"] = _drift_relax(tr["lo"][0], tr["hi"][0], tr["lo"][1], tr["hi"][1],
                                              tr["dlo"], tr["dhi"])
-        trace.append({key: take(v) for key, v in tr.items()})
+        out.append(tr)
+    return out
+
+def _rows(r: Bounds, idx: torch.Tensor, upto: int, cb: ChainBounds) -> Bounds:
+    """The bounds of boxes ``idx`` (with repetition: one row per objective) over steps < upto,
+    for back-substitution; the relaxations are computed once on the whole batch and gathered."""
+    def take(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v[idx] if v.dim() >= 1 and v.shape[0] == len(r.box.lo) else v
+        if isinstance(v, list | tuple):
+            return type(v)(take(x) for x in v)
+        return v
+    trace = [{key: take(v) for key, v in tr.items()} for tr in _relaxed_trace(cb, r, upto)]
     box = Box(r.box.lo[idx, :, 0], r.box.hi[idx, :, 0])
     return Bounds(box, [], [], [], [], None, None, None, None, r.overflow[idx], trace,
                   [take(e) for e in r.input_err])
@@ -982,17 +989,7 @@ def _in_dtype(cb: ChainBounds, r: Bounds, upto: int, dtype: torch.dtype
         c2.dW = conv(cb.dW)
         c2.stacked = {j: conv(v) for j, v in cb.stacked.items()}
         cb._low = low = (dtype, c2)  # type: ignore[attr-defined]
-    trace = []
-    for j in range(upto):
-        tr = _mags(cb, r.trace[j], j)
-        if cb.chain.steps[j].kind == "relu":
-            for k in range(len(tr["lo"])):
-                if f"relax{k}" not in tr:
-                    tr[f"relax{k}"] = _relu_relax(tr["lo"][k], tr["hi"][k])
-            if len(tr["lo"]) == 2 and tr["dlo"] is not None and "relax_d" not in tr:
-                tr["relax_d"] = _drift_relax(tr["lo"][0], tr["hi"][0], tr["lo"][1], tr["hi"][1],
-                                             tr["dlo"], tr["dhi"])
-        trace.append({key: conv(v) for key, v in tr.items()})
+    trace = [{key: conv(v) for key, v in tr.items()} for tr in _relaxed_trace(cb, r, upto)]
     box = Box(r.box.lo[:, :, 0].to(dtype), r.box.hi[:, :, 0].to(dtype))
     return low[1], Bounds(box, [], [], [], [], None, None, None, None, r.overflow, trace,
                           conv(r.input_err))

@@ -25,6 +25,9 @@ from tests.soundness.adversarial.harness import TRAIN, spec
 from tests.soundness.adversarial.programs import Program
 
 SPECS: dict[str, KernelSpec] = {
+    "fp8_tensor_fp32": spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
+                            activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
+                            accumulate="fp32", compute="fp32"),
     "fp8_token_fp32": spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
                            activations={"format": "fp8_e4m3", "scale": "dynamic_per_token"},
                            accumulate="fp32", compute="fp32"),

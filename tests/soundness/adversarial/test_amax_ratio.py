@@ -21,7 +21,7 @@ import pytest
 from onnx import helper
 
 from tests.soundness.adversarial.arith import rnd
-from tests.soundness.adversarial.attacks import fp8_midpoints
+from tests.soundness.adversarial.attacks import SPECS, fp8_midpoints
 from tests.soundness.adversarial.harness import (
     SESSION,
     TRAIN,
@@ -29,17 +29,11 @@ from tests.soundness.adversarial.harness import (
     attack,
     chain_model,
     ratio_text,
-    spec,
 )
 from tests.soundness.adversarial.programs import Program
 from tests.soundness.adversarial.test_branches import chosen_options
 
-SP = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
-          activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
-          accumulate="fp32", compute="fp32")
-SP_BF16 = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
-               activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
-               accumulate="fp32", compute="bf16")
+SP, SP_BF16 = SPECS["fp8_tensor_fp32"], SPECS["fp8_tensor_bf16"]
 KINDS = ("certain", "close", "straddle")
 
 

@@ -51,6 +51,7 @@ import pytest
 from onnx import helper
 
 from tests.soundness.adversarial.arith import next_down, next_up, rnd
+from tests.soundness.adversarial.attacks import SPECS
 from tests.soundness.adversarial.harness import (
     SESSION,
     TRAIN,
@@ -64,18 +65,11 @@ from tests.soundness.adversarial.interp import ProgramRunner
 from tests.soundness.adversarial.programs import Program
 from tests.soundness.adversarial.test_branches import chosen_options
 
-SP = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
-          activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
-          accumulate="fp32", compute="fp32")
-SP_TOKEN = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
-                activations={"format": "fp8_e4m3", "scale": "dynamic_per_token"},
-                accumulate="fp32", compute="fp32")
+SP, SP_TOKEN = SPECS["fp8_tensor_fp32"], SPECS["fp8_token_fp32"]
 SP_ANY = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
               activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
               accumulate="fp32", compute="fp32", rounding="any")
-SP_BF16 = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
-               activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
-               accumulate="fp32", compute="bf16")
+SP_BF16 = SPECS["fp8_tensor_bf16"]
 ORDERS = ("seq", "rev", "greedy_up", "greedy_down", "alt")
 
 

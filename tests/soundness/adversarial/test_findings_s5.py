@@ -8,14 +8,12 @@ import pytest
 from onnx import helper
 
 from tests.soundness.adversarial.arith import rnd
-from tests.soundness.adversarial.attacks import fp8_midpoints
+from tests.soundness.adversarial.attacks import SPECS, fp8_midpoints
 from tests.soundness.adversarial.harness import TRAIN, chain_model, graph_of, spec
 
 cases = pytest.importorskip("kcverify.bounds.cases")
 
-SP = spec(weights={"format": "fp8_e4m3", "scale": "per_channel"},
-          activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
-          accumulate="fp32", compute="fp32")
+SP = SPECS["fp8_tensor_fp32"]
 
 
 def _batch_one_model(kind: str, T: int = 2, K: int = 4):

@@ -166,11 +166,13 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
               region_tensors: Mapping[str, Callable[[Any], Box]] | None = None,
               keep: set[str] | None = None, lin: dict[str, Any] | None = None,
               lin_m: int = 0, zono: Any = None, axes: Mapping[str, Any] | None = None,
-              batch: int | None = None) -> dict[str, Any]:
+              batch: int | None = None,
+              progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
     """Bound every node of ``graph`` from ``state`` (name -> Box | Concrete); returns the states
     of the graph outputs (and of ``keep``). ``region_tensors``: tensors replaced, once computed,
     by a region box around them (embedding-space regions). ``axes``/``batch``: the sample axis
-    of every tensor and the number of samples (dynamic per-sample scales; RuleCtx)."""
+    of every tensor and the number of samples (dynamic per-sample scales; RuleCtx).
+    ``progress(k, n, op)``: called before node k of n (the caller throttles it)."""
     rd = _rule_domain(domain)
     separate = domain == "separate"
     dev = torch.device(device)
@@ -186,6 +188,8 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
             if i:
                 last_use[i] = k
     for k, n in enumerate(graph.nodes):
+        if progress is not None:
+            progress(k, len(graph.nodes), n.op_type)
         ins = [st.get(i) if i else None for i in n.inputs]
         for i, v in zip(n.inputs, ins):
             if i and v is None:
@@ -410,10 +414,12 @@ def _from_diffbox(graph: Graph, name: str, d: DiffBox, dev: torch.device) -> Any
 def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
                 in_state: Mapping[str, DiffBox], domain: str = "best", device: str = "cpu",
                 region_tensors: Mapping[str, Callable[[Any], Box]] | None = None,
-                linear_inputs: Mapping[str, Any] | None = None) -> dict[str, DiffBox]:
+                linear_inputs: Mapping[str, Any] | None = None,
+                progress: Callable[[int, int, str], None] | None = None) -> dict[str, DiffBox]:
     """Bound one block (kcverify.models.blocks.Block, or anything with .graph and .outputs)
     from the DiffBoxes of its inputs; returns the DiffBoxes of its outputs. Deterministic: the
-    checker re-runs it and checks recomputed within stored."""
+    checker re-runs it and checks recomputed within stored. ``progress(k, n, op)``: before
+    each node of the block's (expanded) graph."""
     refuse_second_graph(train_spec, inf_spec)
     g: Graph = block.graph
     dev = torch.device(device)
@@ -440,7 +446,7 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
         zono = ZonoTrack()
     out = run_graph(g, train_spec, inf_spec, st, domain, dev, region_tensors,
                     keep=set(getattr(block, "outputs", ())), lin=lin, lin_m=m, zono=zono,
-                    axes=axes, batch=batch)
+                    axes=axes, batch=batch, progress=progress)
     if not out:
         return {}
     ctx = RuleCtx(g.nodes[0], train_spec, inf_spec, set(), g.opset, dev)
@@ -465,6 +471,9 @@ def _axes_of(block: Any, g: Graph, in_state: Mapping[str, DiffBox]
 
 
 MAX_LINEAR_VARS = 2048
+# the block cuts a prover makes (certify_drift's ``cut``); the checker knows both by digest
+# (certs/recheck.model_blocks): the segmenter's blocks, and the whole graph as one block
+CUTS = ("segments", "whole")
 # `best` adds the zonotope for batches up to this size: its symbols are shared by the batch rows,
 # so a large batch leaves each row a sliver of the memory budget for the cost of all of it
 ZONO_BEST_ROWS = 2
@@ -544,13 +553,18 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
                   progress: Callable[[int, int, str], None] | None = None,
                   blocks: list[Any] | None = None,
                   input_bounds: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
-                  memory: int | None = None) -> DriftResult:
+                  memory: int | None = None, cut: str = "segments",
+                  node_progress: Callable[[str, int, int, str], None] | None = None
+                  ) -> DriftResult:
     """Certified drift bounds between two kernels of ``graph`` for each input of the batch (or
     for every input in the region around each, or in the explicit boxes ``input_bounds``:
     name -> (lo, hi), e.g. a VNN-LIB property's input box). See the module docstring.
     ``memory``: the budget in bytes (bounds/memory.py; default a fraction of physical memory):
     a block whose method cannot fit it, or whose run the allocator refuses, is bounded with
-    intervals instead, and ``notes`` says so."""
+    intervals instead, and ``notes`` says so. ``cut``: the blocks bounded, "segments" (the
+    segmenter's; ``CUTS``) or "whole" (the whole graph as one block, as the linear domain
+    always does: forms span every layer); ``blocks`` overrides both. ``node_progress(block, k,
+    n, op)``: before each node of a block (long whole-graph runs report from inside)."""
     t0 = time.perf_counter()
     refuse_second_graph(train_spec, inf_spec)
     load_rules()
@@ -584,9 +598,11 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
             lo, hi = _region_bounds(c, region)
             return input_box(train_spec, inf_spec, lo, hi)
         region_tensors = {e: to_region for e in emb}
+    if cut not in CUTS:
+        raise BoundError(f"unknown block cut {cut!r}; expected one of {', '.join(CUTS)}")
     if blocks is not None:
         blks = blocks
-    elif domain == "linear":
+    elif domain == "linear" or cut == "whole":
         blks = whole_graph(graph)  # forms across layers; one record for the whole model
     else:
         blks = blocks_of(graph)
@@ -608,7 +624,7 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
     plan = mem.plan_blocks(graph, blks, fd, domain, budget, lin_vars)
     with diagnostics.collecting(batch) as diag:
         _run_blocks(blks, needed_later, state, records, method, train_spec, inf_spec, domain,
-                    device, region_tensors, progress, plan)
+                    device, region_tensors, progress, plan, node_progress)
     outputs = {v.name: state[v.name] for v in graph.outputs}
     linf = np.zeros(batch)
     from kcverify.models.blocks import sample_axes
@@ -626,7 +642,8 @@ def _run_blocks(blks: list[Any], needed_later: list[set[str]], state: dict[str, 
                 records: list[BlockRecord], method: str, train_spec: KernelSpec,
                 inf_spec: KernelSpec, domain: str, device: str,
                 region_tensors: Mapping[str, Callable[[Any], Box]],
-                progress: Callable[[int, int, str], None] | None, plan: Any = None) -> None:
+                progress: Callable[[int, int, str], None] | None, plan: Any = None,
+                node_progress: Callable[[str, int, int, str], None] | None = None) -> None:
     """Bound the blocks in order, keeping in ``state`` only what later blocks need. ``plan``
     (memory.MemoryPlan): the domain of each block under the memory budget; a block whose run
     the allocator refuses is bounded again with intervals (a note in ``plan.notes``)."""
@@ -642,8 +659,11 @@ def _run_blocks(blks: list[Any], needed_later: list[set[str]], state: dict[str, 
         dom, meth = domain, method
         if plan is not None and plan.domains[k] != domain:
             dom, meth = plan.domains[k], plan.domains[k]
+        inner = None if node_progress is None else (
+            lambda i, n, op, name=b.name: node_progress(name, i, n, op))
         try:
-            outs = bound_block(b, train_spec, inf_spec, ins, dom, device, region_tensors)
+            outs = bound_block(b, train_spec, inf_spec, ins, dom, device, region_tensors,
+                               progress=inner)
         except (RuntimeError, MemoryError, BoundError) as e:
             if dom == "interval" or not is_out_of_memory(e):
                 raise

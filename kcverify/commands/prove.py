@@ -38,6 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="memory budget of the bound engine (e.g. 4G, 512M, 50%%; default half "
                         "of physical memory): a method that cannot fit is replaced by intervals, "
                         "with a note")
+    p.add_argument("--blocks", default="auto", choices=["auto", "segments", "whole"],
+                   help="the blocks best bounds (docs/bounds.md, 'Block boundaries'): segments "
+                        "(the segmenter's, boxes between them), whole (the whole graph as one "
+                        "block, one input per run: tighter, minutes per input on transformers), "
+                        "auto (default: segments, then the whole graph per input where a "
+                        "clause's bound misses on a point slice of at most 16 inputs)")
     p.add_argument("--cases", type=int, default=0, metavar="N",
                    help="where a certified bound misses its threshold on point inputs with "
                         "unstable fp8 casts, prove it by cases over those casts, up to N cases "
@@ -70,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     load_rule_modules(args.rules)
     options = ProveOptions(memory=None if args.memory is None else parse_size(args.memory),
                            domain=args.domain, device=check_device(args.device),
+                           blocks=args.blocks,
                            cases=args.cases,
                            realizations=args.realizations, confidence=args.confidence,
                            cert_path=args.cert, embed=args.embed,

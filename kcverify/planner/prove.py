@@ -32,6 +32,7 @@ from kcverify.dsl import Clause, Contract, NumericalQuery, load_contract, numeri
 from kcverify.errors import InputFileError, KcverifyError
 from kcverify.report.model import BlockDrift, ClauseResult, Report, Verdict
 
+PROGRESS_S = 15.0  # seconds between progress lines from inside one long block run
 CERT_VERDICT = {Verdict.PROVED: "proved", Verdict.REFUTED: "refuted", Verdict.UNKNOWN: "unknown",
                 Verdict.PASSED: "passed", Verdict.FAILED: "failed"}
 
@@ -68,6 +69,15 @@ class ProveOptions:
     # the bound engine's memory budget in bytes (bounds/memory.py; None: a fraction of physical
     # memory): a block whose method cannot fit is bounded with intervals, with a note
     memory: int | None = None
+    # the blocks a slice is bounded in (docs/bounds.md, "Block boundaries"): "segments" (the
+    # segmenter's blocks: boxes between them), "whole" (the whole graph as one block, one input
+    # per chunk (at most ZONO_BEST_ROWS): best's zonotope keeps its correlations across layers,
+    # seconds to minutes per input), "auto": segments, and where a clause's bound misses its
+    # threshold on a point slice of at most ``whole_inputs`` inputs, the whole graph per input
+    # (stopping at the first input whose bound alone misses a max / min clause). The linear
+    # domain always bounds the whole graph.
+    blocks: str = "auto"
+    whole_inputs: int = 16
 
 
 @dataclass
@@ -109,12 +119,16 @@ class Session:
         self.output = floats[0]
         self.empirical = EmpiricalRun(contract, self.graph, device=options.device,
                                       output=self.output, confidence=options.confidence)
-        self._drift: dict[tuple[str, int, int], Any] = {}
+        self._drift: dict[tuple[str, int, int, str], Any] = {}  # (slice, i0, i1, cut)
         self.notes: list[str] = []  # the memory budget's (bounds/memory.py)
         self._blocks: dict[str, list[BlockDrift]] = {}
-        # per (slice, its chunks): per chunk (rows, block refs, sequential node)
-        self.block_refs: dict[tuple[str, tuple[tuple[int, int], ...]],
+        # per (slice, its chunks, cut): per chunk (rows, block refs, sequential node)
+        self.block_refs: dict[tuple[str, tuple[tuple[int, int], ...], str],
                               list[tuple[tuple[int, int], list[str], dict[str, Any]]]] = {}
+        self.chunk_refs: dict[tuple[str, tuple[int, int], str], list[str]] = {}
+        if options.blocks not in ("auto", "segments", "whole"):
+            raise KcverifyError(f"blocks must be auto, segments or whole, not {options.blocks!r}")
+        self._ticks: dict[str, float] = {}
 
     def say(self, msg: str) -> None:
         if self.options.progress is not None:
@@ -132,49 +146,89 @@ class Session:
         self.slice(name)
         return self.empirical.feeds(name)
 
-    def chunks(self, name: str) -> list[tuple[int, int]]:
-        """The chunks [(i0, i1)] slice ``name`` is bounded in (ProveOptions.chunk_rows)."""
+    def cuts(self, name: str) -> list[str]:
+        """The block cuts to try on slice ``name``, in order (ProveOptions.blocks): "segments"
+        (the segmenter's blocks) and / or "whole" (the whole graph as one block). The linear
+        domain always cuts the whole graph; auto adds the whole graph after the segments on a
+        point slice of at most ``whole_inputs`` inputs under a relational domain."""
+        o = self.options
+        if o.domain == "linear":
+            return ["whole"]
+        if o.blocks == "whole":
+            return ["whole"]
+        if o.blocks == "segments" or o.domain not in ("best", "zonotope"):
+            return ["segments"]
+        sl = self.contract.slices[name]
+        points = (sl.region is None or sl.region.eps == 0) and not _region_slice(self, name)
+        return ["segments", "whole"] if points and self.slice(name).n <= o.whole_inputs \
+            else ["segments"]
+
+    def chunks(self, name: str, cut: str | None = None) -> list[tuple[int, int]]:
+        """The chunks [(i0, i1)] slice ``name`` is bounded in with ``cut`` (default: the first
+        of ``cuts``; ProveOptions.chunk_rows). The whole graph under best / zonotope: chunks of
+        one input (chunk_rows when 1 .. ZONO_BEST_ROWS), so that the zonotope runs on each."""
+        from kcverify.bounds.engine import ZONO_BEST_ROWS
+
         n = self.slice(name).n
+        cut = cut or self.cuts(name)[0]
         size = self.options.chunk_rows
-        if size is None:
-            domain = self.options.domain
-            size = 1 if domain in ("linear", "zonotope") else 0
-        if size < 0:
+        if size is not None and size < 0:
             raise KcverifyError(f"chunk_rows must be >= 0, not {size}")
+        domain = self.options.domain
+        if cut == "whole" and domain in ("best", "zonotope"):
+            size = size if size is not None and 1 <= size <= ZONO_BEST_ROWS else 1
+        if size is None:
+            size = 1 if domain in ("linear", "zonotope") else 0
         if size == 0 or size >= n:
             return [(0, n)]
         return [(i, min(n, i + size)) for i in range(0, n, size)]
 
-    def drift_chunk(self, name: str, rows: tuple[int, int]) -> Any:
-        """The bound engine's result on rows [i0, i1) of slice ``name`` (one run per chunk)."""
+    def drift_chunk(self, name: str, rows: tuple[int, int], cut: str | None = None) -> Any:
+        """The bound engine's result on rows [i0, i1) of slice ``name`` with ``cut`` (default:
+        the first of ``cuts``; one run per chunk and cut)."""
         from kcverify.bounds import certify_drift
 
-        key = (name, *rows)
+        cut = cut or self.cuts(name)[0]
+        key = (name, *rows, cut)
         if key not in self._drift:
             t0 = time.perf_counter()
-            what = f"slice {name!r}" + ("" if self.chunks(name) == [rows] else
+            what = f"slice {name!r}" + ("" if self.chunks(name, cut) == [rows] else
                                         f" inputs [{rows[0]}, {rows[1]})")
+            if cut == "whole" and self.options.domain != "linear":
+                what += " (whole graph)"
 
             def progress(k: int, n: int, block: str) -> None:
                 self.say(f"bounding {what}: block {k + 1}/{n} ({block})")
 
+            def nodes(block: str, k: int, n: int, op: str) -> None:
+                # a long block (the whole graph: minutes) says where it is every PROGRESS_S
+                now = time.perf_counter()
+                if now - self._ticks.get(what, t0) >= PROGRESS_S:
+                    self._ticks[what] = now
+                    self.say(f"bounding {what}: block {block!r} node {k + 1}/{n} ({op}), "
+                             f"{now - t0:.0f}s")
+
             self._drift[key] = certify_drift(self.bound_graph, self.bound_train, self.bound_inf,
-                                             **self.drift_item(name, rows), progress=progress)
+                                             **self.drift_item(name, rows, cut),
+                                             progress=progress, node_progress=nodes)
             self.note(self._drift[key])
             un = self._drift[key].unstable_casts
             extra = ("" if un is None or not np.any(un) else
                      f"; {int(np.sum(un))} unstable casts (max {int(np.max(un))} per input)")
+            per = self._drift[key].linf
+            each = "" if len(per) < 2 else f" (per input {', '.join(f'{v:.4g}' for v in per)})"
             self.say(f"bounded {what} in {time.perf_counter() - t0:.1f}s: "
-                     f"certified max drift {float(np.max(self._drift[key].linf)):.4g}{extra}")
+                     f"certified max drift {float(np.max(per)):.4g}{each}{extra}")
         return self._drift[key]
 
-    def drift(self, name: str) -> Any:
-        """The bound engine's result on slice ``name``: its chunks' runs, joined along the
-        inputs (linf, outputs, unstable casts; blocks: every chunk's records, in order)."""
+    def drift(self, name: str, cut: str | None = None) -> Any:
+        """The bound engine's result on slice ``name`` with ``cut``: its chunks' runs, joined
+        along the inputs (linf, outputs, unstable casts; blocks: every chunk's records)."""
         from kcverify.bounds.engine import DriftResult
         from kcverify.boxes import FIELDS, DiffBox
 
-        parts = [self.drift_chunk(name, r) for r in self.chunks(name)]
+        cut = cut or self.cuts(name)[0]
+        parts = [self.drift_chunk(name, r, cut) for r in self.chunks(name, cut)]
         if len(parts) == 1:
             return parts[0]
         outs = {k: DiffBox(*(np.concatenate([np.asarray(getattr(p.outputs[k], f)) for p in parts])
@@ -187,19 +241,28 @@ class Session:
 
     def unstable_casts(self) -> dict[str, list[int]]:
         """Per bounded slice, the unstable casts of each input (kcverify.bounds.diagnostics):
-        the honest measure of how close the slice sits to an fp8 rounding boundary."""
+        the honest measure of how close the slice sits to an fp8 rounding boundary. Of the
+        whole-graph runs where every input has one (fewer: the forms decide more casts), else
+        of the first cut's."""
         out: dict[str, list[int]] = {}
         for name in sorted({k[0] for k in self._drift}):
-            parts = [self._drift[(name, *r)] for r in self.chunks(name) if (name, *r) in self._drift]
+            cuts = self.cuts(name)
+            parts = []
+            for cut in reversed(cuts):
+                keys = [(name, *r, cut) for r in self.chunks(name, cut)]
+                parts = [self._drift[k] for k in keys if k in self._drift]
+                if len(parts) == len(keys) or cut == cuts[0]:
+                    break
             if parts and all(p.unstable_casts is not None for p in parts):
                 counts = [int(v) for p in parts for v in p.unstable_casts]
                 if any(counts):
                     out[name] = counts
         return out
 
-    def drift_item(self, name: str, rows: tuple[int, int] | None = None) -> dict[str, Any]:
-        """The bound engine's work on slice ``name`` (rows [i0, i1) of it when given):
-        certify_drift's arguments besides the graph and the kernels."""
+    def drift_item(self, name: str, rows: tuple[int, int] | None = None,
+                   cut: str = "segments") -> dict[str, Any]:
+        """The bound engine's work on slice ``name`` (rows [i0, i1) of it when given) with
+        ``cut``: certify_drift's arguments besides the graph and the kernels."""
         from kcverify.bounds import Region
 
         sl = self.contract.slices[name]
@@ -210,7 +273,7 @@ class Session:
         if rows is not None:
             feeds = {k: v[rows[0]:rows[1]] for k, v in feeds.items()}
         return dict(feeds=feeds, region=region, domain=self.options.domain,
-                    device=self.options.device, memory=self.options.memory)
+                    device=self.options.device, memory=self.options.memory, cut=cut)
 
     def note(self, res: Any) -> None:
         """Keep (and say) the memory budget's notes of a bound run (DriftResult.notes)."""
@@ -227,7 +290,9 @@ class Session:
                                    if c.klass == "certifiable"
                                    for q in numerical_queries(c) or []
                                    if q.slice in self.contract.slices))
-        keys = [(n, r) for n in names for r in self.chunks(n) if (n, *r) not in self._drift]
+        cut = {n: self.cuts(n)[0] for n in names}
+        keys = [(n, r) for n in names for r in self.chunks(n)
+                if (n, *r, cut[n]) not in self._drift]
         self.say(f"bounding {len(keys)} chunk(s) of {len(names)} slice(s) on "
                  f"{executor.workers} worker(s)")
 
@@ -242,8 +307,9 @@ class Session:
             self.say("a QDQ kernel's joint graph is bounded here, not on the workers")
             return
         results = executor.map_drift(self.graph, self.model_path, self.train, self.inf,
-                                     [self.drift_item(n, r) for n, r in keys], done)
-        self._drift.update({(n, *r): res for (n, r), res in zip(keys, results, strict=True)})
+                                     [self.drift_item(n, r, cut[n]) for n, r in keys], done)
+        self._drift.update({(n, *r, cut[n]): res
+                            for (n, r), res in zip(keys, results, strict=True)})
 
     def block_drifts(self, name: str) -> list[BlockDrift]:
         """Certified against observed drift per block on slice ``name`` (the report's plot)."""
@@ -315,6 +381,7 @@ class PlanContext:
     linf: dict[str, Any]
     keep: int
     rows: tuple[int, int] | None = None
+    cut: str = "segments"  # the chain's blocks: the segmenter's, or the whole graph as one
 
     @property
     def output(self) -> str:
@@ -325,17 +392,18 @@ class PlanContext:
         """The bound engine's block records on the query's slice (BlockRecord), in chain order."""
         s, sl = self.session, self.query.slice
         if self.rows is None:
-            return list(s.drift(sl).blocks)
-        return list(s.drift_chunk(sl, self.rows).blocks)
+            return list(s.drift(sl, self.cut).blocks)
+        return list(s.drift_chunk(sl, self.rows, self.cut).blocks)
 
     @property
     def blocks(self) -> list[Any]:
         """The blocks of the chain (the model's segmentation; the whole graph for the linear
-        domain), as certify_drift bounds them."""
+        domain and the whole cut), as certify_drift bounds them."""
         from kcverify.bounds.engine import blocks_of, whole_graph
 
         g = self.session.bound_graph
-        return list(whole_graph(g) if self.session.options.domain == "linear" else blocks_of(g))
+        whole = self.cut == "whole" or self.session.options.domain == "linear"
+        return list(whole_graph(g) if whole else blocks_of(g))
 
     def prefix(self, k: int) -> dict[str, Any]:
         """A sequential node over the first ``k`` blocks of the chain, from the slice's inputs:
@@ -365,19 +433,25 @@ class PlanContext:
         return self.builder.block(ref)
 
 
-def _plans(s: Session, b: Any, q: NumericalQuery, chunks: list[tuple[int, int]], keep: int
-           ) -> list[PlanContext]:
-    """One PlanContext per chunk of the query's slice: its blocks stored in the certificate
-    (once per session), its chain (sequential, with rows unless the chunk is the whole slice)
-    and the L-inf drift of the logits over it."""
-    key = (q.slice, tuple(chunks))
+def _plans(s: Session, b: Any, q: NumericalQuery, chunks: list[tuple[int, int]], keep: int,
+           cut: str = "segments") -> list[PlanContext]:
+    """One PlanContext per chunk of the query's slice bounded with ``cut``: its blocks stored
+    in the certificate (once per session and chunk), its chain (sequential, with rows unless
+    the chunk is the whole slice) and the L-inf drift of the logits over it."""
+    key = (q.slice, tuple(chunks), cut)
+    n = s.slice(q.slice).n
     if key not in s.block_refs:
-        whole = len(chunks) == 1
         built = []
         for rows in chunks:
-            res = s.drift_chunk(q.slice, rows)
-            tag = q.slice if whole else f"{q.slice}/r{rows[0]}-{rows[1]}"
-            refs = [b.add_block(r, ref=f"{tag}/{i}:{r.name}") for i, r in enumerate(res.blocks)]
+            whole = rows == (0, n)
+            if (q.slice, rows, cut) not in s.chunk_refs:
+                res = s.drift_chunk(q.slice, rows, cut)
+                tag = q.slice if whole else f"{q.slice}/r{rows[0]}-{rows[1]}"
+                if cut == "whole" and s.options.domain != "linear":
+                    tag += "/whole"
+                s.chunk_refs[(q.slice, rows, cut)] = [
+                    b.add_block(r, ref=f"{tag}/{i}:{r.name}") for i, r in enumerate(res.blocks)]
+            refs = s.chunk_refs[(q.slice, rows, cut)]
             chain = _chain(s, b, q.slice, None if whole else rows, refs, [s.output])
             built.append((rows, refs, chain))
         s.block_refs[key] = built
@@ -385,7 +459,7 @@ def _plans(s: Session, b: Any, q: NumericalQuery, chunks: list[tuple[int, int]],
     for rows, refs, chain in s.block_refs[key]:
         linf = b.apply("linf-from-state", [chain], tensor=s.output, keep=keep)
         out.append(PlanContext(s, b, q, refs, chain, linf, keep,
-                               None if len(chunks) == 1 else rows))
+                               None if rows == (0, n) else rows, cut))
     return out
 
 
@@ -469,10 +543,66 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
     keep = 2 if q.per_position else 1
     if getattr(b.ctx, "kernel_specs", "absent") is None:  # rules may read the specs (checker too)
         b.ctx.kernel_specs = dict(s.contract.kernels)
-    plans = _plans(s, b, q, s.chunks(q.slice), keep)
     stat = proof_statistic(q, keep)
+    pick = min if entry.upper else max
+    cuts = s.cuts(q.slice)
+    tried, skipped, per_input = _derive_all(s, b, q, rules, keep, stat, cuts[0])
+    if not tried:
+        return None, None, f"'{query_text(q)}': no rule applies ({'; '.join(skipped)})"
+    bound, rule, agg = pick(tried, key=lambda t: t[0])
+    how = ", ".join(f"{r} {v:.6g}" for v, r, _ in tried) + f"; kept {rule}" if len(tried) > 1 \
+        else rule
+    s.say(f"{clause.id}: '{query_text(q)}': certified bound {bound:.6g} ({how})")
+    try:
+        return b.apply("threshold", [agg], threshold=float(q.threshold), op=q.op), bound, ""
+    except RuleError:
+        pass
+    note = f"'{query_text(q)}': certified bound {bound:.6g} ({rule}) misses it"
+    for cut in cuts[1:]:  # auto: the whole graph as one block, one input per run
+        stopped = _bound_whole(s, b, q, rules, keep, stat, per_input)
+        if stopped is not None:
+            s.say(f"{clause.id}: {stopped}")
+            note += f"; {stopped}"
+            continue
+        tried, skipped, _ = _derive_all(s, b, q, rules, keep, stat, cut)
+        if not tried:
+            continue
+        got, rule, agg = pick(tried, key=lambda t: t[0])
+        s.say(f"{clause.id}: '{query_text(q)}': certified bound {got:.6g} with the whole graph "
+              f"as one block per input ({rule})")
+        try:
+            return b.apply("threshold", [agg], threshold=float(q.threshold), op=q.op), got, ""
+        except RuleError:
+            note += f"; the whole graph per input: {got:.6g}"
+            bound = pick(bound, got)
+    smt = _try_smt(s, b, q)
+    if smt is not None:
+        return smt, unfx(smt["conclusion"]["bound"][0]), ""
+    by_cases = _try_cases(s, b, q, stat)
+    if by_cases is not None:
+        proof, got = by_cases
+        if proof is not None:
+            return proof, got, ""
+        return None, min(bound, got) if entry.upper else bound, note + f"; by cases {got:.6g}"
+    return None, bound, note
+
+
+def _derive_all(s: Session, b: Any, q: NumericalQuery, rules: list[tuple[str, str]], keep: int,
+                stat: str, cut: str
+                ) -> tuple[list[tuple[float, str, dict[str, Any]]], list[str],
+                           dict[str, list[float]]]:
+    """Every rule deriving the query's quantity on its slice's chunks bounded with ``cut``,
+    aggregated: ([(bound, rule, aggregate node)], [why a rule was skipped], per rule the
+    per-input bounds of its node over the slice, where it lists them)."""
+    from kcverify.certs.encoding import unfx
+    from kcverify.certs.rules import RuleError
+    from kcverify.dsl.quantities import get_quantity
+
+    entry = get_quantity(q.quantity)
+    plans = _plans(s, b, q, s.chunks(q.slice, cut), keep, cut)
     tried: list[tuple[float, str, dict[str, Any]]] = []
     skipped: list[str] = []
+    per_input: dict[str, list[float]] = {}
     for rule, premises in rules:
         try:
             nodes = [p.linf if rule == "linf-from-state" else _derive(
@@ -480,7 +610,7 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
             if len(nodes) > 1 and any("rows" not in n["conclusion"] for n in nodes):
                 # a rule that does not carry its chunk's rows (a researcher's rule written for
                 # whole slices): apply it to one chain over the whole slice instead
-                (whole,) = _plans(s, b, q, [(0, s.slice(q.slice).n)], keep)
+                (whole,) = _plans(s, b, q, [(0, s.slice(q.slice).n)], keep, cut)
                 nodes = [whole.linf if rule == "linf-from-state" else _derive(
                     b, rule, premises, q, whole.chain, whole.linf, s.output, keep, whole)]
             node = nodes[0] if len(nodes) == 1 else b.apply(
@@ -494,30 +624,69 @@ def _try_prove(s: Session, b: Any, clause: Clause, q: NumericalQuery
         except RuleError as e:
             skipped.append(f"{rule}: {e}")
             continue
+        if isinstance(node["conclusion"].get("bounds"), list):
+            per_input[rule] = [unfx(v) for v in node["conclusion"]["bounds"]]
         tried.append((unfx(agg["conclusion"]["bounds"][0]) + 0.0, rule, agg))  # -0 reads 0
-    if not tried:
-        return None, None, f"'{query_text(q)}': no rule applies ({'; '.join(skipped)})"
-    pick = min if entry.upper else max
-    bound, rule, agg = pick(tried, key=lambda t: t[0])
-    how = ", ".join(f"{r} {v:.6g}" for v, r, _ in tried) + f"; kept {rule}" if len(tried) > 1 \
-        else rule
-    s.say(f"{clause.id}: '{query_text(q)}': certified bound {bound:.6g} ({how})")
-    try:
-        proof = b.apply("threshold", [agg], threshold=float(q.threshold), op=q.op)
-    except RuleError:
-        note = f"'{query_text(q)}': certified bound {bound:.6g} ({rule}) misses it"
-        smt = _try_smt(s, b, q)
-        if smt is not None:
-            return smt, unfx(smt["conclusion"]["bound"][0]), ""
-        by_cases = _try_cases(s, b, q, stat)
-        if by_cases is not None:
-            proof, got = by_cases
-            if proof is not None:
-                return proof, got, ""
-            return None, min(bound, got) if entry.upper else bound, \
-                note + f"; by cases {got:.6g}"
-        return None, bound, note
-    return proof, bound, ""
+    return tried, skipped, per_input
+
+
+def _bound_whole(s: Session, b: Any, q: NumericalQuery, rules: list[tuple[str, str]], keep: int,
+                 stat: str, before: dict[str, list[float]]) -> str | None:
+    """Bound the query's slice with the whole graph as one block, chunk by chunk (one input
+    each under best); None when every chunk is bounded. Stops early (and says why) at a chunk
+    after which no rule can prove the query: for a max (min) statistic, one whose own bound
+    misses the threshold; for the others, one that improves on no input's bound ``before``
+    (the segments' per-input bounds, per rule). Stopping only saves time: what is proved
+    rests on the runs made."""
+    from kcverify.certs.encoding import unfx
+    from kcverify.certs.rules import RuleError
+
+    chunks = s.chunks(q.slice, "whole")
+    n = s.slice(q.slice).n
+    s.say(f"{q.slice!r}: bounding the whole graph as one block ({len(chunks)} run(s), "
+          f"{chunks[0][1] - chunks[0][0]} input(s) each)")
+    for k, rows in enumerate(chunks):
+        s.drift_chunk(q.slice, rows, "whole")
+        if k == len(chunks) - 1:
+            return None
+        (p,) = _plans(s, b, q, [rows], keep, "whole")
+        hopeful = []
+        for rule, premises in rules:
+            try:
+                node = p.linf if rule == "linf-from-state" else _derive(
+                    b, rule, premises, q, p.chain, p.linf, s.output, keep, p)
+            except RuleError:
+                continue
+            c = node["conclusion"]
+            if "rows" not in c or not isinstance(c.get("bounds"), list):
+                hopeful.append(True)  # no per-chunk reading: cannot tell, go on
+                continue
+            vals = [unfx(v) for v in c["bounds"]]
+            hopeful.append(_may_prove(q, stat, c.get("direction"), vals, before.get(rule),
+                                      rows, n))
+        if hopeful and not any(hopeful):
+            return (f"the whole graph: inputs [{rows[0]}, {rows[1]}) alone leave it unproved "
+                    f"(bound {float(np.max(s.drift_chunk(q.slice, rows, 'whole').linf)):.4g} "
+                    f"on the logits); stopped after {k + 1} of {len(chunks)} run(s)")
+    return None
+
+
+def _may_prove(q: NumericalQuery, stat: str, direction: Any, vals: list[float],
+               before: list[float] | None, rows: tuple[int, int], n: int) -> bool:
+    """Whether a query may still be proved after one chunk's per-input bounds ``vals``."""
+    thr = float(q.threshold)
+    if stat == "max" and direction == "upper" and vals and q.op in ("<=", "<"):
+        v = max(vals)
+        return v <= thr if q.op == "<=" else v < thr
+    if stat == "min" and direction == "lower" and vals and q.op in (">=", ">"):
+        v = min(vals)
+        return v >= thr if q.op == ">=" else v > thr
+    if before is None or len(before) != n or len(vals) != rows[1] - rows[0]:
+        return True
+    old = before[rows[0]:rows[1]]
+    if direction == "upper":
+        return any(v < o for v, o in zip(vals, old, strict=True))
+    return any(v > o for v, o in zip(vals, old, strict=True))
 
 
 def _try_smt(s: Session, b: Any, q: NumericalQuery) -> dict[str, Any] | None:
@@ -666,7 +835,8 @@ def _certifiable(s: Session, b: Any, clause: Clause) -> _Decision:
     if all(p is not None for p, _, _ in attempts):
         proofs = [p for p, _, _ in attempts]
         proof = proofs[0] if len(proofs) == 1 else b.apply("all", proofs)
-        method = "smt-z3" if _uses(proof, "smt-block") else f"bound-{s.options.domain}"
+        method = "smt-z3" if _uses(proof, "smt-block") else f"bound-{s.options.domain}" + (
+            " (whole graph)" if s.options.domain != "linear" and _whole_blocks(proof) else "")
         r = ClauseResult(**common, verdict=Verdict.PROVED, method=method,
                          value=bound, bound=bound,
                          sample_size=sum(s.slice(n).n for n in slices))
@@ -861,6 +1031,15 @@ def _uses(node: Any, rule: str) -> bool:
     if not isinstance(node, dict):
         return False
     return node.get("rule") == rule or any(_uses(p, rule) for p in node.get("premises", []))
+
+
+def _whole_blocks(node: Any) -> bool:
+    """Whether a proof tree rests on a block of the whole-graph cut (refs tagged /whole/)."""
+    if not isinstance(node, dict):
+        return False
+    if node.get("rule") == "block" and "/whole/" in str(node.get("params", {}).get("ref")):
+        return True
+    return any(_whole_blocks(p) for p in node.get("premises", []))
 
 
 def _prune_blocks(b: Any) -> None:

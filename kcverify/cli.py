@@ -48,6 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception:  # anything else escaping a command is a bug too, never "bad input"
+        traceback.print_exc()
+        print("error: internal error in kcverify (an unexpected exception, not bad input); "
+              "please report it with the traceback above", file=sys.stderr)
+        return INTERNAL_EXIT
 
 
 if __name__ == "__main__":

@@ -175,6 +175,9 @@ def _cast_plan(spec: KernelSpec, lo: np.ndarray, hi: np.ndarray, where: str) -> 
         raise NotEncodable(f"{where}: flush-to-zero and non-saturating casts are not encoded")
     factor = 1 if spec.rounding == "nearest" else 2
     fmt = cs.format
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+        raise NotEncodable(f"{where}: the activation cast's operand interval is not finite "
+                           "(its scale has no bounded encoding)")
     mag = float(np.max(np.maximum(np.abs(lo), np.abs(hi)))) if lo.size else 0.0
     if cs.scale in ("none", "static"):
         s = Fraction(1) if cs.scale == "none" else fr(float(np.float32(cs.value)))

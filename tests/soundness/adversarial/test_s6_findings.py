@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -32,8 +31,6 @@ escalation: {L1: log, L2: guard, L3: fallback}
 """
 
 
-@pytest.mark.xfail(strict=True, reason="F1 (s6): prove crashes (OverflowError in smt/encode "
-                   "_cast_plan: an infinite operand interval) on an fp16-accumulator contract")
 def test_f1_fp16_accumulator_prove_does_not_crash(tmp_path: Path) -> None:
     """fp8 activations and an fp16 accumulator on mlp_tiny: the interval bound is infinite
     (448^2 > 65504), the planner tries SMT, and smt.encode._cast_plan converts the next

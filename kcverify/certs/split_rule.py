@@ -42,8 +42,10 @@ class SplitCover(Rule):
     ``engine:best``: kcverify.bounds.certify_drift on the part's box); ``input`` and ``shape``
     (the model's float input and its shape without the batch axis); ``tensor`` (the output);
     ``region`` {lo, hi} (hex, flattened input); ``tree`` (the partition: a bisection tree in
-    preorder, a split dimension per inner node and -1 per leaf, each cut at lo + (hi - lo)/2 in
-    float64 as kcverify.regions.split.bisect computes it); ``claims`` (hex, one per leaf in
+    preorder, a split dimension d per inner node and -1 per leaf, each cut at lo + (hi - lo)/2 in
+    float64 as kcverify.regions.split.bisect computes it; ``-2 - d``: the same cut on d of an
+    inner node the split did not bound, so its children inherit what its parent passed down);
+    ``claims`` (hex, one per leaf in
     preorder); ``slice`` (the contract slice whose inputs R must contain).
 
     Checks: the graph is the certified model (its blocks are the model's segmentation, when the
@@ -51,7 +53,9 @@ class SplitCover(Rule):
     construction (each cut splits a box into two closed halves sharing the cut); every leaf is
     re-bounded by ``method`` and must come out <= its claim (``chain`` replays the tree: each
     node bounded from its box and the pre-activation boxes its parent certified, which hold on
-    the node since it is a subset; the engine's methods bound each leaf alone); when the checker
+    the node since it is a subset - a node recorded as ``-2 - d`` is not bounded and passes its
+    parent's boxes on, which hold on its children for the same reason; the engine's methods
+    bound each leaf alone); when the checker
     knows the slice's inputs (ctx.input_region), every one of them lies in R. Conclusion: one
     bound for the region, ``{quantity: linf_drift, direction: upper, tensor, slice, bounds:
     [max claim]}``.

@@ -42,6 +42,7 @@ from kcverify.regions.chain import (
 )
 from kcverify.regions.split import PartEval, widest
 
+QUAD_AT = 3.0  # split.branch_and_bound's quad for the drift objective, in units of eps
 Falsifier = Callable[[np.ndarray, np.ndarray], Any]  # (lo, hi) of open parts -> witness or None
 
 
@@ -91,6 +92,13 @@ class DriftObjective:
         mag = torch.cat([up, -low], 1)
         bad = r.overflow | ~torch.isfinite(mag).all(-1)
         return torch.where(bad[:, None], torch.full_like(mag, math.inf), mag)
+
+    @property
+    def quad_above(self) -> float:
+        """Parts whose value is above this are quartered by the split (``branch_and_bound``'s
+        ``quad``): QUAD_AT x eps. A stalled part needs more than one cut there, and bounding
+        its quarters at once saves the halves' full bounds (docs/regions.md)."""
+        return QUAD_AT * self.eps
 
     def chooser(self) -> DriftObjective:
         """This objective on the forward-only domain, without a falsifier: what the split

@@ -5,8 +5,9 @@ bounds both halves of every candidate cut and keeps the one whose worse half is 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from kcverify.regions.split import PartEval, branch_and_bound, leaves_of
+from kcverify.regions.split import PartEval, branch_and_bound, leaves_of, replay, tree_nodes
 
 
 class WidthObjective:
@@ -61,3 +62,67 @@ def test_a_point_stays_open() -> None:
     out = branch_and_bound(pt, pt, WidthObjective(dim=0, limit=-1.0), budget_s=30)
     assert out.verdict == "unknown" and out.stopped == "parts that cannot be split further"
     assert out.tree == [-1]
+
+
+class PriorObjective(WidthObjective):
+    """A WidthObjective that records the prior each part got and passes its own row id on."""
+
+    def __init__(self, dim: int, limit: float = 0.25) -> None:
+        super().__init__(dim, limit, hint=dim)
+        self.priors: list[object] = []
+        self.count = 0
+
+    def evaluate(self, lo: np.ndarray, hi: np.ndarray, prior: object = None) -> PartEval:
+        ev = super().evaluate(lo, hi, prior)
+        self.priors.append(None if prior is None else np.asarray(prior).copy())
+        ev.inherit = np.arange(self.count, self.count + len(lo), dtype=float)[:, None]
+        self.count += len(lo)
+        return ev
+
+
+def test_far_parts_are_quartered_without_bounding_the_halves() -> None:
+    """quad: a part whose value is above it has its chosen cut's halves cut again on the same
+    dimension; the four quarters are bounded at once, the halves between never (recorded as
+    -2 - d), and the quarters inherit the part's own boxes."""
+    main, cheap = PriorObjective(dim=1, limit=0.125), WidthObjective(dim=1)
+    out = branch_and_bound(LO, HI, main, budget_s=30, max_parts=200, chooser=cheap, quad=0.5)
+    assert out.verdict == "proved"
+    # the root (width 1 > 0.5) is quartered; each quarter (0.25 <= 0.5) is halved
+    assert out.tree == [1, -3, 1, -1, -1, 1, -1, -1, -3, 1, -1, -1, 1, -1, -1]
+    assert [len(w) for w in main.seen] == [1, 4, 8]
+    assert np.allclose(main.seen[1][:, 1], 0.25)  # quarters, not halves
+    assert np.array_equal(main.priors[1], np.zeros((4, 1)))  # the root's boxes
+    lo, hi = leaves_of(LO, HI, out.tree)
+    assert np.array_equal(lo, np.array([lf.lo for lf in out.leaves]))
+    assert np.array_equal(hi, np.array([lf.hi for lf in out.leaves]))
+    assert len(lo) == 8 and np.isclose(np.prod(hi - lo, axis=1).sum(), 1.0)
+    # the checker's replay bounds what the split bounded, with the same priors
+    again = PriorObjective(dim=1, limit=0.125)
+    vals = replay(LO, HI, out.tree, again)
+    assert np.array_equal(vals, [lf.value for lf in out.leaves])
+    assert [len(w) for w in again.seen] == [1, 4, 8]
+    assert np.array_equal(again.priors[1], np.zeros((4, 1)))
+
+
+def test_without_quad_nothing_is_quartered() -> None:
+    main = PriorObjective(dim=1, limit=0.125)
+    out = branch_and_bound(LO, HI, main, budget_s=30, max_parts=200,
+                           chooser=WidthObjective(dim=1))
+    assert out.verdict == "proved" and min(out.tree) == -1
+    assert [len(w) for w in main.seen] == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize("tree", [[-5, -1, -1], [-2 - 3, -1, -1], [True, -1, -1], [-3, -1]])
+def test_malformed_unbounded_entries_are_refused(tree: list) -> None:
+    with pytest.raises(ValueError, match="tree"):
+        leaves_of(LO, HI, tree)
+    with pytest.raises(ValueError, match="tree"):
+        tree_nodes(LO, HI, tree)
+
+
+def test_unbounded_node_cuts_like_a_bounded_one() -> None:
+    for d in range(3):
+        a, b = leaves_of(LO, HI, [d, -1, -1]), leaves_of(LO, HI, [-2 - d, -1, -1])
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    nodes = tree_nodes(LO, HI, [-3, -1, -1])
+    assert list(nodes.bounded) == [False, True, True]

@@ -313,6 +313,10 @@ def _linear_step(graph: Graph, n, ins: list, results: tuple, ctx: RuleCtx,
     except KcverifyError:
         raise
     except Exception as e:  # noqa: BLE001 - a rule that cannot apply returns None; this is a bug
+        from kcverify.bounds.memory import is_out_of_memory
+
+        if is_out_of_memory(e):  # the budget's business (_run_blocks), not a rule bug
+            raise
         raise InternalError(f"{n.op_type} node {n.name!r}: the symbolic-interval rule failed: "
                             f"{type(e).__name__}: {e}") from e
     if st is None:
@@ -647,7 +651,9 @@ def _run_blocks(blks: list[Any], needed_later: list[set[str]], state: dict[str, 
     """Bound the blocks in order, keeping in ``state`` only what later blocks need. ``plan``
     (memory.MemoryPlan): the domain of each block under the memory budget; a block whose run
     the allocator refuses is bounded again with intervals (a note in ``plan.notes``)."""
-    from kcverify.bounds.memory import is_out_of_memory
+    import contextlib
+
+    from kcverify.bounds.memory import enforced, is_out_of_memory, show
 
     for k, b in enumerate(blks):
         if progress is not None:
@@ -661,15 +667,21 @@ def _run_blocks(blks: list[Any], needed_later: list[set[str]], state: dict[str, 
             dom, meth = plan.domains[k], plan.domains[k]
         inner = None if node_progress is None else (
             lambda i, n, op, name=b.name: node_progress(name, i, n, op))
+        # the budget holds while a relational method runs (memory.enforced: an allocation
+        # past it fails, and is caught below), not only in the estimate
+        guard = (enforced(plan.budget, device) if plan is not None and dom != "interval"
+                 else contextlib.nullcontext())
         try:
-            outs = bound_block(b, train_spec, inf_spec, ins, dom, device, region_tensors,
-                               progress=inner)
+            with guard:
+                outs = bound_block(b, train_spec, inf_spec, ins, dom, device, region_tensors,
+                                   progress=inner)
         except (RuntimeError, MemoryError, BoundError) as e:
             if dom == "interval" or not is_out_of_memory(e):
                 raise
             if plan is not None:
                 plan.notes.append(f"block {b.name!r}: method {dom} ran out of memory "
-                                  f"({str(e)[:120]}): used interval")
+                                  f"({str(e)[:120] or type(e).__name__}; budget "
+                                  f"{show(plan.budget)}): used interval")
             dom = meth = "interval"
             outs = bound_block(b, train_spec, inf_spec, ins, dom, device, region_tensors)
         records.append(BlockRecord(b.name, b.digest, meth, ins, outs))

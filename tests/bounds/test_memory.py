@@ -125,3 +125,58 @@ def test_a_point_slice_of_k_inputs_is_k_rows(monkeypatch) -> None:  # type: igno
     assert not made
     certify_drift(g, TRAIN, W8, feeds, domain="best", memory=64 * 2**30)
     assert made
+
+
+def _wide_mlp():
+    """x (1, 512) -> MatMul 4096 -> Relu -> MatMul 10: the zonotope's forms after the Relu
+    hold thousands of symbols over 4096 elements (hundreds of MB): past 256 MB of room."""
+    from onnx import helper
+
+    from tests.soundness.adversarial.harness import chain_model, graph_of
+
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((512, 4096)) / 16).astype(np.float32)
+    w2 = (rng.standard_normal((4096, 10)) / 64).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    g = graph_of(chain_model(nodes, [("x", [1, 512]), ("w1", w1), ("w2", w2)], ["y"]))
+    return g, {"x": rng.standard_normal((1, 512)).astype(np.float32)}
+
+
+def test_the_budget_holds_where_the_estimate_misses(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The estimates are not upper bounds (the zonotope writes position-local symbols densely
+    inside some rules: MiniLM's 12.1 GB against 2.3 GB estimated). While a method the plan let
+    through runs, the address space is held to the budget (memory.enforced), so its allocations
+    past it fail and the block falls back to intervals with a note - not the OOM killer. Here
+    the estimate lets everything through and the budget leaves no room beyond the slack."""
+    import resource
+
+    g, feeds = _wide_mlp()
+    bf16 = parse_kernel_spec("inf", {"compute": "bf16", "accumulate": "fp32"})
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    monkeypatch.setattr(memory, "estimate", lambda *a, **k: 0)
+    res = certify_drift(g, TRAIN, bf16, feeds, domain="best", cut="whole", memory=1)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before  # restored
+    assert [r.method for r in res.blocks] == ["interval"]
+    assert len(res.notes) == 1 and "ran out of memory" in res.notes[0], res.notes
+    ref = certify_drift(g, TRAIN, bf16, feeds, domain="interval")
+    np.testing.assert_array_equal(res.linf, ref.linf)
+    g, feeds = _mlp_one()  # a roomy budget: the method runs
+    roomy = certify_drift(g, TRAIN, bf16, feeds, domain="best", cut="whole", memory=64 * 2**30)
+    assert not roomy.notes and [r.method for r in roomy.blocks] == ["best"]
+
+
+def test_enforced_never_loosens_a_limit_already_set() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    size, rss = memory.process_memory()
+    assert size > rss > 0
+    with memory.enforced(2**30) as limit:
+        assert limit is not None and size < limit <= size + 2**30 + memory.GUARD_SLACK
+        assert resource.getrlimit(resource.RLIMIT_AS)[0] == limit
+        with memory.enforced(64 * 2**30) as inner:  # looser than the one set: kept
+            assert inner is None and resource.getrlimit(resource.RLIMIT_AS)[0] == limit
+    assert resource.getrlimit(resource.RLIMIT_AS) == (soft, hard)
+    with memory.enforced(2**30, device="cuda") as limit:
+        assert limit is None

@@ -67,8 +67,8 @@ escalation: {{L1: log, L2: guard, L3: fallback}}
 
 
 def check_fresh(st: dict, model: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kcverify", "check", st["_cert"], str(model),
-                           st["_contract"]], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "kcverify", "check", st["s6:cert"], str(model),
+                           st["s6:contract"]], capture_output=True, text=True, timeout=300)
 
 
 def attack_cert(st: dict, clause: str, slice_name: str, out: str, runs_t, runs_i, where: str
@@ -143,7 +143,7 @@ def test_qdq_shipped_contract(tmp_path: Path, fmt: str) -> None:
     name = f"mlp-{fmt}-qdq"
     model_p = ROOT / "models" / "mlp_tiny.onnx"
     st = prove_cert(tmp_path, shipped_text(name), model_p, name)
-    sp_i = load_contract(st["_contract"]).kernels["inf"]
+    sp_i = load_contract(st["s6:contract"]).kernels["inf"]
     qdq = onnx.load(str(EX / "qdq" / f"mlp_tiny.{fmt}.qdq.onnx"))
     x = np.load(EX / "data" / "mlp_points.npz")["x"]
     runs_t, runs_i = qdq_runs(onnx.load(str(model_p)), qdq, sp_i, x, 4, 0)
@@ -165,7 +165,7 @@ def test_qdq_midpoint_slice(tmp_path: Path, fmt: str) -> None:
     inf = f"{{onnx: {qdq_p}, compute: fp32, accumulate: fp32}}"
     st = prove_cert(tmp_path, mlp_contract(f"qdq-mid-{fmt}", inf, data), model_p)
     assert clauses(st)["N-1"]["verdict"] == "proved", clauses(st)["N-1"]["verdict"]
-    sp_i = load_contract(st["_contract"]).kernels["inf"]
+    sp_i = load_contract(st["s6:contract"]).kernels["inf"]
     runs_t, runs_i = qdq_runs(onnx.load(str(model_p)), onnx.load(str(qdq_p)), sp_i, x, 4, 1)
     found, worst, n = attack_cert(st, "N-1", "pts", "y", runs_t, runs_i, f"qdq-mid-{fmt}")
     _record(f"s6/contract/qdq-mid-{fmt}", n * len(x), worst, found)
@@ -226,7 +226,7 @@ def native_attack(tmp_path: Path, model_name: str, kern: str, kinds: tuple[str, 
     if c["verdict"] != "proved":
         _record(cls, 0, 0.0, [])
         pytest.skip(f"{kern}: not proved ({c['verdict']}, {c.get('method')})")
-    sp_i = load_contract(st["_contract"]).kernels["inf"]
+    sp_i = load_contract(st["s6:contract"]).kernels["inf"]
     run = ProgramRunner(model)
     prs = pairs(TRAIN, sp_i, n_pairs, seed, per_sample="axis0")
     prs += [(prs[0][0], Program(sp_i, per_sample="axis0", quotient="fp32", rescale="two",
@@ -244,11 +244,13 @@ def native_attack(tmp_path: Path, model_name: str, kern: str, kinds: tuple[str, 
 
 
 def _kern(k: str):
-    """fp16 accumulators crash prove (F1, test_s6_findings.py) while F1 is open."""
+    """fp16 accumulators: prove stops at a NaN it cannot encode (F3, test_s6_findings.py)."""
     if k != "fp16_acc":
         return k
-    return pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=OverflowError,
-                                                   reason="F1: prove crashes"))
+    from kcverify.errors import CertificateError
+
+    return pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=CertificateError,
+                                                   reason="F3: NaN not encodable"))
 
 
 @pytest.mark.parametrize("kern", [_kern(k) for k in ("bf16_token", "fp16_acc", "int8_w",

@@ -41,9 +41,9 @@ def prove_cert(where: Path, contract_text: str, model: Path, name: str = "c") ->
     cert = where / f"{name}.kcert.json"
     res = kcverify.prove(str(cpath), str(model), cert=str(cert))
     st = json.loads(cert.read_text())
-    st["_exit_code"] = res.exit_code
-    st["_cert"] = str(cert)
-    st["_contract"] = str(cpath)
+    st["s6:exit_code"] = res.exit_code
+    st["s6:cert"] = str(cert)
+    st["s6:contract"] = str(cpath)
     return st
 
 

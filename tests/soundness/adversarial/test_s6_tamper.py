@@ -291,3 +291,121 @@ def test_tampered_w8_decoder_refused(tmp_path: Path) -> None:
             refused.append(f"{name}: exit {r.returncode}, {r.stdout[-300:]} {r.stderr[-300:]}")
     assert not refused, "\n".join(refused)
 
+
+
+# --- whole-graph best blocks (prove --blocks auto, 580b1b2) ---------------------------------
+W8_WHOLE = """contract: s6-whole-w8
+version: 1.0.0
+kernels:
+  train: {compute: fp32, accumulate: fp32}
+  inf: {weights: {format: fp8_e4m3, scale: per_channel}, accumulate: fp32, compute: fp32}
+slices:
+  two: {inputs: DATA}
+clauses:
+  - id: N-W8-WHOLE
+    family: numerical
+    assert: "forall x in two: linf(logits_inf(x) - logits_train(x)) <= 0.185"
+    level: L2
+    action: guard
+escalation: {L1: log, L2: guard, L3: fallback}
+"""
+
+
+def m_swap_whole(st: dict, ctx: dict) -> None:
+    """The two inputs' whole-graph records exchange their states (keys, names and digests
+    kept): each claim now sits under the other input."""
+    wh = [k for k, b in _blocks(st).items() if b.get("name") == "model"]
+    a, b = _blocks(st)[wh[0]], _blocks(st)[wh[1]]
+    for f in ("in_state", "out_state"):
+        a[f], b[f] = b[f], a[f]
+
+
+def m_whole_to_segment(st: dict, ctx: dict) -> None:
+    """A whole-graph record's digest and name replaced by the first segment's."""
+    from kcverify.certs.recheck import model_blocks
+    from kcverify.models.blocks import segment
+    from kcverify.models.ir import load_onnx
+
+    seg = segment(load_onnx(ctx["model"]))[0]
+    assert seg.digest in model_blocks(load_onnx(ctx["model"]))
+    for b in _blocks(st).values():
+        if b.get("name") == "model":
+            b["digest"], b["name"] = seg.digest, seg.name
+            break
+
+
+def m_whole_name(st: dict, ctx: dict) -> None:
+    for b in _blocks(st).values():
+        if b.get("name") == "model":
+            b["name"] = "layer0"
+            break
+
+
+def m_whole_out_narrow(st: dict, ctx: dict) -> None:
+    for b in _blocks(st).values():
+        if b.get("name") == "model":
+            t = next(iter(b["out_state"]))
+            b["out_state"][t] = _scale_box(b["out_state"][t], 0.9)
+            break
+
+
+MUTATIONS.update({"swap-whole": m_swap_whole, "whole-to-segment": m_whole_to_segment,
+                  "whole-name": m_whole_name, "whole-out-narrow": m_whole_out_narrow})
+
+
+@pytest.mark.campaign
+def test_whole_graph_w8_decoder(tmp_path: Path) -> None:
+    """Two sample inputs of the w8 decoder contract at a threshold the segments miss and the
+    whole graph meets (prove's auto cut): the whole-graph boxes against conforming programs,
+    then each alteration of a whole-graph record refused by a fresh ``kcverify check``."""
+    import numpy as np
+    import onnx
+
+    from kcverify.api import load_contract
+    from tests.soundness.adversarial.interp import ProgramRunner
+    from tests.soundness.adversarial.test_s6_token_contracts import programs
+    from tests.soundness.adversarial.test_s6_util import containment, leaf_bounds
+
+    model = ROOT / "models" / "tiny_decoder.onnx"
+    ids = np.load(EX / "data" / "sample.npz")["input_ids"][:2]
+    data = tmp_path / "two.npz"
+    np.savez(data, input_ids=ids)
+    st = prove_cert(tmp_path, W8_WHOLE.replace("DATA", str(data)), model, "w8w")
+    c = st["predicate"]["clauses"][0]
+    recs = {k: (b["method"], b.get("name"), b["digest"][:10]) for k, b in _blocks(st).items()}
+    print("whole w8:", c["verdict"], c.get("bound"), recs)
+    if c["verdict"] != "proved" or not any(v[1] == "model" for v in recs.values()):
+        pytest.skip(f"no whole-graph proof here: {c['verdict']}, {recs}")
+    spec = load_contract(st["s6:contract"]).kernels
+    run = ProgramRunner(onnx.load(str(model)))
+    per = leaf_bounds(st, "N-W8-WHOLE")
+    found, worst = [], 0.0
+    for k in range(2):
+        box = None
+        for key, b in _blocks(st).items():
+            if key.startswith(f"two/{k}") or (b.get("name") == "model" and f"/{k}:" in key):
+                from kcverify.boxes import DiffBox as Box
+                box = Box.from_json(b["out_state"]["logits"], key)
+        feeds = {"input_ids": ids[k:k + 1]}
+        with np.errstate(all="ignore"):
+            zt = [run(p, feeds)["logits"] for p in programs(spec["train"], 10 * k)]
+            zi = [run(p, feeds)["logits"] for p in programs(spec["inf"], 100 + 10 * k)]
+        for a in zt:
+            for b_ in zi:
+                bad, r = containment(box, per[k:k + 1] if per is not None else None, a, b_,
+                                     f"whole w8 input {k}")
+                found += bad
+                worst = max(worst, r)
+    print("whole w8 programs: worst obs/cert", worst, "violations", len(found))
+    assert not found, "\n".join(found[:3])
+    ok = run_check(Path(st["s6:cert"]), model, st["s6:contract"])
+    assert ok.returncode == 0, ok.stdout[-400:] + ok.stderr[-400:]
+    refused = []
+    for name in ("swap-whole", "whole-to-segment", "whole-name", "whole-out-narrow",
+                 "method-interval", "leaf-bounds"):
+        r = run_check(tampered(st, name, tmp_path, model), model, st["s6:contract"])
+        fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL:")]
+        print("whole w8 tamper", name, r.returncode, fails[:1])
+        if r.returncode != 1 or "Traceback" in r.stderr or not fails:
+            refused.append(f"{name}: exit {r.returncode}, {r.stdout[-300:]} {r.stderr[-300:]}")
+    assert not refused, "\n".join(refused)

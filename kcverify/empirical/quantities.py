@@ -125,8 +125,11 @@ def evaluate_query(query: Any, x: MetricInputs, tokens: np.ndarray | None = None
     how = query.aggregate
     if query.quantity in AGREEMENT and how == "max":
         how = "min"  # forall: every element agrees <=> the minimum is 1
-    value = aggregate(v, how)
     upper = query.op in ("<=", "<")
+    nan = np.isnan(v)
+    if nan.any():  # a NaN output (an overflow, inf - inf) is no bounded drift: the worst value
+        v = np.where(nan, np.inf if upper else -np.inf, v)
+    value = aggregate(v, how)
     margin = (query.threshold - value) if upper else (value - query.threshold)
     where = None
     if how in ("max", "min") and v.size:

@@ -211,3 +211,25 @@ def test_snap_inside_keeps_float32_points_in_the_ball() -> None:
         dist = x.astype(np.float64) - c
         assert (np.abs(dist).max() if norm == "linf" else np.linalg.norm(dist)) <= eps
         assert np.abs(dist).max() > 0.9 * (eps if norm == "linf" else eps / 8)  # still near the edge
+
+
+def test_nan_output_is_the_worst_value_not_skipped() -> None:
+    """A NaN in the inference output (an overflow, inf - inf) is no bounded drift: the query's
+    value is +inf for an upper bound (-inf for a lower one), it never holds, and a program pair
+    producing it wins the search over every finite pair (NaN < x is False: it used to lose)."""
+    zt = np.zeros((2, 1, 3))
+    zi = zt.copy()
+    zi[1, 0, 2] = np.nan
+    o = evaluate_query(Q("s", "logit_linf", "max", "<=", 100.0), MetricInputs(zt, zi))
+    assert o.value == math.inf and not o.holds and o.margin == -math.inf and o.where == (1, 0)
+    o = evaluate_query(Q("s", "logit_linf", "mean", "<=", 100.0), MetricInputs(zt, zi))
+    assert o.value == math.inf and not o.holds
+
+    def nan_late(spec: str, feeds: dict, program: Program) -> np.ndarray:
+        z = fake_run(spec, feeds, program)
+        return z * np.nan if spec == "inf" and program.rounding == "down" else z
+
+    found = search_programs(Q("s", "logit_linf", "max", "<=", 10.0), "train", "inf",
+                            {"x": np.ones((3, 8))}, nan_late)
+    assert found.worst.value == math.inf
+    assert found.counterexample is not None and found.counterexample.replayed

@@ -73,9 +73,6 @@ def test_f2_infeasible_in_state_is_refused_not_a_crash(tmp_path: Path) -> None:
     assert r.returncode == 1 and "Traceback" not in r.stderr, (r.returncode, r.stderr[-300:])
 
 
-@pytest.mark.xfail(strict=True, reason="F3 (s6): after F1's fix, prove on the same contract "
-                   "stops at 'error: refusing to encode NaN in a certificate' (no report, no "
-                   "certificate)")
 def test_f3_fp16_accumulator_prove_writes_a_report(tmp_path: Path) -> None:
     """F1's contract and input: the bound is inf, SMT is skipped, the program search realises
     an fp16 overflow (a NaN drift) and the certificate encoder refuses the NaN: exit 1 with one

@@ -43,6 +43,7 @@ from kcverify.regions.chain import (
 from kcverify.regions.split import PartEval, widest
 
 QUAD_AT = 3.0  # split.branch_and_bound's quad for the drift objective, in units of eps
+DEEPER = 10.0  # and its deeper: parts above 30 eps are cut in eighths
 Falsifier = Callable[[np.ndarray, np.ndarray], Any]  # (lo, hi) of open parts -> witness or None
 
 
@@ -99,6 +100,11 @@ class DriftObjective:
         ``quad``): QUAD_AT x eps. A stalled part needs more than one cut there, and bounding
         its quarters at once saves the halves' full bounds (docs/regions.md)."""
         return QUAD_AT * self.eps
+
+    @property
+    def deeper(self) -> float:
+        """Parts above quad_above x this are cut in eighths (``branch_and_bound``'s ``deeper``)."""
+        return DEEPER
 
     def chooser(self) -> DriftObjective:
         """This objective on the forward-only domain, without a falsifier: what the split

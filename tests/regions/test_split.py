@@ -126,3 +126,20 @@ def test_unbounded_node_cuts_like_a_bounded_one() -> None:
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     nodes = tree_nodes(LO, HI, [-3, -1, -1])
     assert list(nodes.bounded) == [False, True, True]
+
+
+def test_farther_parts_are_cut_in_eighths() -> None:
+    """deeper: a part above quad x deeper gets one more level of cuts (eighths), the inner
+    nodes of that subtree all unbounded; the replay bounds exactly the eighths."""
+    main = PriorObjective(dim=1, limit=0.125)
+    out = branch_and_bound(LO, HI, main, budget_s=30, max_parts=200,
+                           chooser=WidthObjective(dim=1), quad=0.1, deeper=2.0)
+    assert out.verdict == "proved"
+    sub = [-3, -3, -1, -1, -3, -1, -1]
+    assert out.tree == [1, *sub, *sub]
+    assert [len(w) for w in main.seen] == [1, 8]
+    assert np.allclose(main.seen[1][:, 1], 0.125)
+    again = PriorObjective(dim=1, limit=0.125)
+    assert np.array_equal(replay(LO, HI, out.tree, again), [lf.value for lf in out.leaves])
+    assert [len(w) for w in again.seen] == [1, 8]
+    assert np.array_equal(again.priors[1], np.zeros((8, 1)))

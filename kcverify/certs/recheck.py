@@ -45,6 +45,20 @@ def excess(stored: StoredBox, got: Any) -> float:
     return worst
 
 
+def feasible(box: StoredBox) -> bool:
+    """Whether every element of a stored box holds some (train, inf) pair whose difference lies
+    in its drift interval: drift_lo <= inf_hi - train_lo and drift_hi >= inf_lo - train_hi
+    (differences rounded outward, so a box the prover made, which holds the true values, always
+    passes). A box that fails describes no execution at all; sound rules may then meet
+    enclosures into nothing, so the checker refuses it before re-running from it."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        hi = np.nextafter(box.inf_hi - box.train_lo, np.inf)
+        lo = np.nextafter(box.inf_lo - box.train_hi, -np.inf)
+        bad = (box.drift_lo > hi) | (box.drift_hi < lo) | (box.train_lo > box.train_hi) \
+            | (box.inf_lo > box.inf_hi) | (box.drift_lo > box.drift_hi)
+    return not bool(np.any(bad))  # (inf - inf is NaN: no evidence of emptiness there)
+
+
 def recheck_with(bound_block: Callable[..., Mapping[str, Any]], blocks_by_digest: Mapping[str, Any],
                  train_spec: Any, inf_spec: Any, diffbox_cls: Any) -> RecheckBlock:
     """A recheck hook from explicit parts: ``bound_block(block, train, inf, in_state, domain)``."""
@@ -53,6 +67,10 @@ def recheck_with(bound_block: Callable[..., Mapping[str, Any]], blocks_by_digest
         block = blocks_by_digest.get(record.digest)
         if block is None:
             return [f"digest {record.digest[:12]}… is not a block of this model"]
+        empty = [t for t, b in record.in_state.items() if not feasible(b)]
+        if empty:  # no (train, inf) pair of the box has a drift in it: nothing to re-run from
+            return [f"in_state of {t!r} is empty: its drift interval misses inf - train at some "
+                    f"element" for t in empty]
         in_state = {t: to_diffbox(b, diffbox_cls) for t, b in record.in_state.items()}
         domain = record.extra.get("domain", record.method)
         try:

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -47,9 +46,6 @@ def test_f1_fp16_accumulator_prove_does_not_crash(tmp_path: Path) -> None:
     assert r.returncode in (0, 1), r.returncode
 
 
-@pytest.mark.xfail(strict=True, reason="F2 (s6): a tampered certificate whose block in_state is "
-                   "infeasible (drift interval disjoint from inf - train) crashes the checker: "
-                   "InternalError 'a soundness bug', exit 3")
 def test_f2_infeasible_in_state_is_refused_not_a_crash(tmp_path: Path) -> None:
     """mlp-fp8's contract on mlp_tiny proved; the last block's in_state drift interval halved
     (train and inf kept). ``kcverify check`` re-runs the block from that box; the Gemm rule

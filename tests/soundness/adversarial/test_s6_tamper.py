@@ -224,17 +224,7 @@ def test_untampered_copy_checks(mlp_cert: dict, tmp_path: Path) -> None:
     assert rep.ok, rep.problems
 
 
-def _mut(name: str):
-    """F2 (test_s6_findings.py): an infeasible in_state crashes the re-run (exit 3)."""
-    if name != "in-inconsistent":
-        return name
-    from kcverify.errors import InternalError
-
-    return pytest.param(name, marks=pytest.mark.xfail(strict=True, raises=InternalError,
-                                                      reason="F2: the checker crashes"))
-
-
-@pytest.mark.parametrize("name", [_mut(k) for k in sorted(MUTATIONS)])
+@pytest.mark.parametrize("name", sorted(MUTATIONS))  # in-inconsistent: F2, fixed
 def test_tampered_mlp_refused(mlp_cert: dict, tmp_path: Path, name: str) -> None:
     cert = tampered(mlp_cert, name, tmp_path, ROOT / "models" / "mlp_tiny.onnx")
     rep = _api_check(cert, mlp_cert)

@@ -681,9 +681,11 @@ def _may_prove(q: NumericalQuery, stat: str, direction: Any, vals: list[float],
     if stat == "min" and direction == "lower" and vals and q.op in (">=", ">"):
         v = min(vals)
         return v >= thr if q.op == ">=" else v > thr
-    if before is None or len(before) != n or len(vals) != rows[1] - rows[0]:
+    # per input, or per input and position (a per-token quantity: k entries per input)
+    k = len(before) // n if before else 0
+    if not k or len(before) != k * n or len(vals) != k * (rows[1] - rows[0]):
         return True
-    old = before[rows[0]:rows[1]]
+    old = before[k * rows[0]:k * rows[1]]
     if direction == "upper":
         return any(v < o for v, o in zip(vals, old, strict=True))
     return any(v > o for v, o in zip(vals, old, strict=True))

@@ -147,3 +147,22 @@ def test_auto_stops_at_the_first_input_that_misses_alone(tmp_path: Path, bounds,
     assert "inputs [0, 1) (whole graph)" in err and "inputs [1, 2) (whole graph)" not in err
     c = _clause(report)
     assert c["verdict"] != "proved" and "stopped after 1 of 2 run(s)" in c["note"], c
+
+
+def test_the_stop_reads_per_input_and_per_token_bounds() -> None:
+    """auto's stop for a mean clause: a chunk that improves no input's (or token's) segmented
+    bound stops it; an improvement, or bounds it cannot line up, go on."""
+    import importlib
+    from types import SimpleNamespace
+
+    may = importlib.import_module("kcverify.planner.prove")._may_prove
+    q = SimpleNamespace(threshold=0.6, op=">=")
+    seg = [0.0] * 6  # 2 inputs x 3 tokens, top-1 agreement lower bounds
+    assert not may(q, "mean", "lower", [0.0, 0.0, 0.0], seg, (0, 1), 2)
+    assert may(q, "mean", "lower", [0.0, 1.0, 0.0], seg, (0, 1), 2)
+    assert may(q, "mean", "lower", [0.0, 0.0], seg, (1, 2), 2)  # cannot line up: go on
+    assert not may(q, "mean", "upper", [3.0], [2.0, 5.0], (0, 1), 2)
+    assert may(q, "mean", "upper", [3.0], [2.0, 5.0], (1, 2), 2)
+    m = SimpleNamespace(threshold=1.0, op="<=")
+    assert not may(m, "max", "upper", [0.5, 1.5], None, (0, 1), 4)
+    assert may(m, "max", "upper", [0.5, 1.0], None, (0, 1), 4)

@@ -137,7 +137,7 @@ def qdq_runs(model, qdq_model, sp_i, x: np.ndarray, n_prog: int, seed: int):
     return runs_t, runs_i
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize("fmt", ["int8", pytest.param("fp8", marks=pytest.mark.slow)])
 def test_qdq_shipped_contract(tmp_path: Path, fmt: str) -> None:
     """examples/contracts/mlp-{fmt}-qdq.yaml as shipped: prove, attack, check fresh."""
     name = f"mlp-{fmt}-qdq"
@@ -243,24 +243,13 @@ def native_attack(tmp_path: Path, model_name: str, kern: str, kinds: tuple[str, 
     assert not found, "\n".join(found[:3])
 
 
-def _kern(k: str):
-    """fp16 accumulators: prove stops at a NaN it cannot encode (F3, test_s6_findings.py)."""
-    if k != "fp16_acc":
-        return k
-    from kcverify.errors import CertificateError
-
-    return pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=CertificateError,
-                                                   reason="F3: NaN not encodable"))
-
-
-@pytest.mark.parametrize("kern", [_kern(k) for k in ("bf16_token", "fp16_acc", "int8_w",
-                                                     "mx_e4m3", "nvfp4")])
+@pytest.mark.parametrize("kern", ["bf16_token", "fp16_acc", "int8_w", "mx_e4m3", "nvfp4"])
 def test_native_kernels_fast(tmp_path: Path, kern: str) -> None:
     native_attack(tmp_path, "mlp_small", kern, ("midpoint", "pow2"), 3, len(kern))
 
 
 @pytest.mark.campaign
-@pytest.mark.parametrize("kern", [_kern(k) for k in sorted(KERNELS)])
+@pytest.mark.parametrize("kern", sorted(KERNELS))
 @pytest.mark.parametrize("model_name", ["mlp_tiny", "mlp_small"])
 def test_native_kernels_campaign(tmp_path: Path, model_name: str, kern: str) -> None:
     native_attack(tmp_path, model_name, kern, ("normal", "midpoint", "saturate", "pow2"), 8,

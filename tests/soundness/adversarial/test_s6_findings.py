@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -31,6 +32,7 @@ escalation: {L1: log, L2: guard, L3: fallback}
 """
 
 
+@pytest.mark.slow  # test_f3 runs the same prove
 def test_f1_fp16_accumulator_prove_does_not_crash(tmp_path: Path) -> None:
     """fp8 activations and an fp16 accumulator on mlp_tiny: the interval bound is infinite
     (448^2 > 65504), the planner tries SMT, and smt.encode._cast_plan converts the next
@@ -46,6 +48,7 @@ def test_f1_fp16_accumulator_prove_does_not_crash(tmp_path: Path) -> None:
     assert r.returncode in (0, 1), r.returncode
 
 
+@pytest.mark.slow  # test_s6_tamper[in-inconsistent] checks it in-process
 def test_f2_infeasible_in_state_is_refused_not_a_crash(tmp_path: Path) -> None:
     """mlp-fp8's contract on mlp_tiny proved; the last block's in_state drift interval halved
     (train and inf kept). ``kcverify check`` re-runs the block from that box; the Gemm rule

@@ -371,11 +371,11 @@ def test_whole_graph_w8_decoder(tmp_path: Path) -> None:
     per = leaf_bounds(st, "N-W8-WHOLE")
     found, worst = [], 0.0
     for k in range(2):
-        box = None
-        for key, b in _blocks(st).items():
-            if key.startswith(f"two/{k}") or (b.get("name") == "model" and f"/{k}:" in key):
-                from kcverify.boxes import DiffBox as Box
-                box = Box.from_json(b["out_state"]["logits"], key)
+        # the whole-graph record of input k: 'two/r<k>-<k+1>/whole/0:model' (580b1b2)
+        keys = [key for key, b in _blocks(st).items()
+                if b.get("name") == "model" and f"/r{k}-{k + 1}/" in key]
+        assert len(keys) == 1, list(_blocks(st))
+        box = DiffBox.from_json(_blocks(st)[keys[0]]["out_state"]["logits"], keys[0])
         feeds = {"input_ids": ids[k:k + 1]}
         with np.errstate(all="ignore"):
             zt = [run(p, feeds)["logits"] for p in programs(spec["train"], 10 * k)]

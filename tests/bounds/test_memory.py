@@ -180,3 +180,80 @@ def test_enforced_never_loosens_a_limit_already_set() -> None:
     assert resource.getrlimit(resource.RLIMIT_AS) == (soft, hard)
     with memory.enforced(2**30, device="cuda") as limit:
         assert limit is None
+
+
+ENCODER_CONTRACT = """contract: encoder-layer
+version: 1.0.0
+model: {onnx: enc.onnx}
+kernels:
+  train: {compute: fp32, accumulate: fp32}
+  inf:
+    weights: {format: fp8_e4m3, scale: per_channel}
+    accumulate: fp32
+    compute: fp32
+slices:
+  eight: {inputs: x8.npz}
+  two: {inputs: x2.npz}
+clauses:
+  - id: N-8
+    family: numerical
+    assert: "forall x in eight: linf(logits_inf(x) - logits_train(x)) <= 0.5"
+    level: L2
+    action: guard
+  - id: N-2
+    family: numerical
+    assert: "forall x in two: linf(logits_inf(x) - logits_train(x)) <= 0.1"
+    level: L2
+    action: guard
+escalation: {L1: log, L2: guard, L3: fallback}
+"""
+
+
+@pytest.mark.slow
+def test_the_newcomer_encoder_layer_under_a_real_limit(tmp_path: Path) -> None:
+    """Issue 14's newcomer: nn.TransformerEncoderLayer(d_model=32, nhead=4) + Linear(32, 10),
+    torch's legacy export, fp8 weights, 8 inputs of seq 8, `prove --memory 4G` in a process the
+    kernel holds to 4 GiB of address space (prlimit --as). It used to reach 24 GB (the zonotope
+    on all 8 rows) and die with an allocator traceback. Now: the 8-input clause is proved by
+    the segments (intervals beside the symbolic forms), the 2-input one (0.1, which they miss)
+    through the whole graph per input (auto), and the process exits 0 with no traceback."""
+    import shutil
+    import subprocess
+    import sys
+
+    import torch
+
+    if shutil.which("prlimit") is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dropout=0.0,
+                                                          batch_first=True)
+            self.head = torch.nn.Linear(32, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.layer(x))
+
+    torch.onnx.export(Net().eval(), (torch.randn(1, 8, 32),), str(tmp_path / "enc.onnx"),
+                      dynamo=False, opset_version=17, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    x = np.random.default_rng(0).standard_normal((8, 8, 32)).astype(np.float32)
+    np.savez(tmp_path / "x8.npz", x=x)
+    np.savez(tmp_path / "x2.npz", x=x[:2])
+    (tmp_path / "enc.yaml").write_text(ENCODER_CONTRACT)
+    report = tmp_path / "r.json"
+    run = subprocess.run(
+        ["prlimit", f"--as={4 * 2**30}", sys.executable, "-m", "kcverify", "prove",
+         str(tmp_path / "enc.yaml"), str(tmp_path / "enc.onnx"), "--memory", "4G", "--no-cert",
+         "--report", str(report), "--realizations", "1"],
+        capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    import json
+
+    by_id = {c["id"]: c for c in json.loads(report.read_text())["clauses"]}
+    assert by_id["N-8"]["verdict"] == "proved" and by_id["N-8"]["method"] == "bound-best"
+    assert by_id["N-2"]["verdict"] == "proved", by_id["N-2"]
+    assert by_id["N-2"]["method"] == "bound-best (whole graph)"

@@ -5,8 +5,8 @@ digest: the whole graph's), the checker re-runs exactly that, and a record whose
 is altered is refused.
 
 The model: mlp_small (three blocks) with a bf16 inference kernel, one point, where the segmented
-bound (0.0900) is 7% above the whole-graph one (0.0841): a threshold between the two is proved
-only through the whole graph."""
+bound (0.1951) is 4% above the whole-graph one (0.1872): a threshold between the two is proved
+by no bound over the segments, only through the whole graph."""
 
 from __future__ import annotations
 
@@ -75,7 +75,10 @@ def test_auto_proves_with_the_whole_graph_where_segments_miss(tmp_path: Path, bo
     args = [str(contract), str(model), "--cert", str(cert), "--report", str(report), "--quiet"]
     assert main(["prove", *args, "--blocks", "segments", "--no-cert"]) in (0, 1)
     c = _clause(report)
-    assert c["verdict"] != "proved" and c["bound"] == pytest.approx(seg, rel=1e-6)
+    # the segments' bound misses; z3 on this small network may still decide the clause after
+    # it (within its timeout: machine-dependent), but no bound over the segments proves it
+    assert c["blocks"][-1]["certified"] == pytest.approx(seg, rel=1e-6)
+    assert c["verdict"] != "proved" or c["method"] == "smt-z3", c
     assert main(["prove", *args]) == 0  # auto
     c = _clause(report)
     assert c["verdict"] == "proved" and c["method"] == "bound-best (whole graph)", c

@@ -28,9 +28,9 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference.op_run import OpRun
 
-from kcverify.bounds import certify_drift
+from kcverify.bounds import Region, certify_drift
 from kcverify.errors import KcverifyError
-from tests.soundness.adversarial.attacks import fp8_midpoints, pairs
+from tests.soundness.adversarial.attacks import box_points, fp8_midpoints, pairs
 from tests.soundness.adversarial.harness import (
     SESSION,
     TRAIN,
@@ -231,13 +231,16 @@ def feeds_of(case: AttrCase, kind: str, rng: np.random.Generator) -> dict[str, n
 
 
 def run_attr(led: Ledger, case: AttrCase, inf, kind: str, domain: str, n_pairs: int,
-             seed: int) -> tuple[list[str], str | None]:
-    """(violations, refusal line or None)."""
+             seed: int, eps: float | None = None, n_points: int = 4
+             ) -> tuple[list[str], str | None]:
+    """(violations, refusal line or None); ``eps``: an L-inf box around the input, checked at
+    n_points of it (corners, random points, and the point where the box crosses 0 most)."""
     rng = np.random.default_rng(seed)
     feeds = feeds_of(case, kind, rng)
+    region = None if eps is None else Region("input", "linf", eps)
     try:
         with np.errstate(all="ignore"):
-            boxes = certify_drift(graph_of(case.model), TRAIN, inf, feeds,
+            boxes = certify_drift(graph_of(case.model), TRAIN, inf, feeds, region=region,
                                   domain=domain).outputs
     except KcverifyError as e:
         return [], str(e)
@@ -251,17 +254,22 @@ def run_attr(led: Ledger, case: AttrCase, inf, kind: str, domain: str, n_pairs: 
     found: list[str] = []
     memo: dict[int, dict[str, np.ndarray]] = {}
 
-    def values(p) -> dict[str, np.ndarray]:
+    def values(p, fd) -> dict[str, np.ndarray]:
         if id(p) not in memo:
             with np.errstate(all="ignore"):
-                memo[id(p)] = p(feeds) if isinstance(p, Runtime) else run(p, feeds)
+                memo[id(p)] = p(fd) if isinstance(p, Runtime) else run(p, fd)
         return memo[id(p)]
     pair_list = list(progs) + [(ort_t, pi) for pi in infs]
-    for pt, pi in pair_list:
-        yt, yi = values(pt), values(pi)
-        for name, box in boxes.items():
-            found += led.check(cls, box, yt[name], yi[name],
-                               f"{case.id}/{inf.name}/{kind}/{domain}: {pt} | {pi} [{name}]")
+    points = [feeds] if eps is None else [{"x": p} for p in box_points(rng, feeds["x"], eps,
+                                                                       n_points)]
+    for pt_feeds in points:
+        memo.clear()
+        for pt, pi in pair_list:
+            yt, yi = values(pt, pt_feeds), values(pi, pt_feeds)
+            for name, box in boxes.items():
+                found += led.check(cls, box, yt[name], yi[name],
+                                   f"{case.id}/{inf.name}/{kind}/{domain}/eps={eps}: {pt} | "
+                                   f"{pi} [{name}]")
     return found, None
 
 
@@ -307,10 +315,11 @@ def test_attr_sweep(case: AttrCase) -> None:
     for inf in (FP8, FP8_BF16):
         for kind in ("normal", "midpoint"):
             for domain in ("interval", "best"):
-                f, refused = run_attr(led, case, inf, kind, domain, 6, seed=11)
-                if refused is not None:
-                    assert _one_line(refused), refused
-                found += f
+                for eps in (None, 0.02 * case.scale):
+                    f, refused = run_attr(led, case, inf, kind, domain, 4, seed=11, eps=eps)
+                    if refused is not None:
+                        assert _one_line(refused), refused
+                    found += f
     SESSION.merge(led)
     assert not found, ratio_text(led[f"attr/{case.id}"])
 

@@ -1,13 +1,21 @@
 """ACAS Xu campaigns (minutes to hours; not CI): NeuroDiff's table and the VNN-COMP known answers.
 
-    python bench/acasxu.py neurodiff [--eps 0.05 0.01] [--budget 120] [--nets 1_1,2_3]
+    python bench/acasxu.py neurodiff [--eps 0.05 0.01] [--budget 120] [--nets 1_1,2_3] [--cpu]
         `kcverify prove` of examples/contracts/acasxu-fp16{,-tight}.yaml on each of the 45
         networks: the network against itself with fp16 weights over property 1's box; per net
         proved?, certified bound, parts, seconds; then the totals.
     python bench/acasxu.py vnncomp [--timeout 116] [--props 1,2] [--nets ...] [--limit N]
+                                   [--every K] [--cpu]
         `kcverify vnnlib` on the 186 instances of ground_truth.csv (47 sat / 139 unsat): per
         instance the answer against the known one; then decided / wrong / unknown / timeout and
         the total time. A wrong answer is a soundness bug: the run says so and exits 1.
+        --every K: a sample stratified by property, every K-th instance of each property
+        (a property with fewer than K instances gives its first), and the counts extrapolated
+        to the 186 (each instance standing for its property's share).
+
+--cpu: budgets (--budget, --timeout) in CPU seconds of this process (time.process_time), not
+wall-clock seconds: on a shared machine at nice 10 the wall clock buys 2-20x less CPU, so a
+wall budget measures the load as much as the verifier.
 
 The data is read from shared/data/acasxu beside the checkout (else /work/shared/data/acasxu).
 Times are wall-clock and CPU seconds of this process (on a shared machine the CPU time is the
@@ -101,30 +109,47 @@ def vnncomp(args: argparse.Namespace) -> int:
         prop = int(re.search(r"prop_(\d+)", r["vnnlib"]).group(1))
         if (want_props is None or prop in want_props) and (want_nets is None or net in want_nets):
             picked.append((net, prop, r))
+    weight = {}
+    if args.every:
+        per: dict[int, list] = {}
+        for item in picked:
+            per.setdefault(item[1], []).append(item)
+        picked = [item for prop in sorted(per) for item in per[prop][::args.every]]
+        weight = {prop: len(v) / len(v[::args.every]) for prop, v in per.items()}
     if args.limit:
         picked = picked[:args.limit]
     counts = {"decided": 0, "wrong": 0, "unknown": 0, "timeout": 0}
-    total = 0.0
-    print(f"{'instance':<12} {'expected':<8} {'answer':<8} {'seconds':>8}  parts")
+    est = dict.fromkeys(counts, 0.0)
+    total = cpu = 0.0
+    clock = time.process_time if args.cpu else time.perf_counter
+    print(f"{'instance':<12} {'expected':<8} {'answer':<8} {'seconds':>8} {'cpu s':>7}  parts")
     for net, prop, r in picked:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = verify_vnnlib(acas / r["onnx"], load_vnnlib(acas / r["vnnlib"]),
-                            timeout=args.timeout)
-        dt = time.perf_counter() - t0
+                            timeout=args.timeout, clock=clock)
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         total += dt
+        cpu += dc
         ans, exp = res.answer, r["expected"]
-        if ans in ("sat", "unsat"):
-            counts["decided"] += 1
-            if ans != exp:
-                counts["wrong"] += 1
-        else:
-            counts[ans] += 1
+        key = "decided" if ans in ("sat", "unsat") else ans
+        counts[key] += 1
+        est[key] += weight.get(prop, 1.0)
+        if ans in ("sat", "unsat") and ans != exp:
+            counts["wrong"] += 1
+            est["wrong"] += weight.get(prop, 1.0)
         flag = "  WRONG" if ans in ("sat", "unsat") and ans != exp else ""
-        print(f"{net}/p{prop:<6} {exp:<8} {ans:<8} {dt:>8.1f}  {res.parts}{flag}", flush=True)
+        print(f"{net}/p{prop:<6} {exp:<8} {ans:<8} {dt:>8.1f} {dc:>7.1f}  {res.parts}{flag}",
+              flush=True)
     n = len(picked)
+    unit = "CPU s" if args.cpu else "s wall"
     print(f"\n{n} instances: decided {counts['decided']} (wrong {counts['wrong']}), unknown "
-          f"{counts['unknown']}, timeout {counts['timeout']}; total {total:.0f}s "
-          f"(timeout {args.timeout:g}s each); {load()}")
+          f"{counts['unknown']}, timeout {counts['timeout']}; total {total:.0f}s wall, "
+          f"{cpu:.0f} CPU s (timeout {args.timeout:g} {unit} each); {load()}")
+    if weight:
+        whole = sum(len(v) for v in per.values())
+        print(f"extrapolated to the {whole} instances (each standing for its property's share): "
+              f"decided {est['decided']:.0f} (wrong {est['wrong']:.0f}), unknown "
+              f"{est['unknown']:.0f}, timeout {est['timeout']:.0f}")
     return 1 if counts["wrong"] else 0
 
 
@@ -140,7 +165,16 @@ def main() -> int:
     b.add_argument("--props", help="comma-separated property numbers (default: all)")
     b.add_argument("--nets", help="comma-separated networks (default: all)")
     b.add_argument("--limit", type=int, default=0)
+    b.add_argument("--every", type=int, default=0,
+                   help="every K-th instance of each property (a stratified sample)")
+    for p in (a, b):
+        p.add_argument("--cpu", action="store_true",
+                       help="budgets in CPU seconds of this process, not wall-clock")
     args = ap.parse_args()
+    if args.cpu:
+        import kcverify.regions.plan as plan
+
+        plan.CLOCK = time.process_time
     return neurodiff(args) if args.what == "neurodiff" else vnncomp(args)
 
 

@@ -143,3 +143,17 @@ def test_farther_parts_are_cut_in_eighths() -> None:
     assert np.array_equal(replay(LO, HI, out.tree, again), [lf.value for lf in out.leaves])
     assert [len(w) for w in again.seen] == [1, 8]
     assert np.array_equal(again.priors[1], np.zeros((8, 1)))
+
+
+def test_the_budget_is_measured_on_the_given_clock() -> None:
+    """``clock``: the budget in its seconds (bench/acasxu.py --cpu passes time.process_time).
+    A clock that advances 1 s per reading ends a 2.5 s budget after the root and two rounds,
+    whatever the wall clock says; the wall clock with the same budget runs to the part limit."""
+    ticks = iter(range(10_000))
+    out = branch_and_bound(LO, HI, WidthObjective(dim=1, limit=-1.0), budget_s=2.5,
+                           max_parts=60, clock=lambda: float(next(ticks)))
+    assert out.verdict == "unknown" and out.stopped == "time budget"
+    assert out.rounds == 3 and out.seconds == 4.0
+    wall = branch_and_bound(LO, HI, WidthObjective(dim=1, limit=-1.0), budget_s=2.5,
+                            max_parts=60)
+    assert wall.stopped == "part budget"

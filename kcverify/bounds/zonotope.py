@@ -564,6 +564,7 @@ def fp_err(f: Form, mult: float) -> Form:
     return f.with_r(f.r + pad_hi(mult * U64 * (m + f.gsum()) + TINY))
 
 
+BOX_LOOSER = 4.0  # a form this many times wider than its box gives way to the box (per element)
 EXACT_BINARY = True  # keep functions of binary symbols exact (binpoly); False: linearise
 
 
@@ -584,6 +585,34 @@ def _cont_rad(f: Form, bm: torch.Tensor) -> torch.Tensor:
     return part.rad()
 
 
+ROW_BUDGET = False  # past ROWS_MAX binary rows: keep the largest exact, the rest linear
+
+
+def _row_budget(G: torch.Tensor, bm: torch.Tensor, H: torch.Tensor | None = None
+                ) -> torch.Tensor | None:
+    """The binary rows ``bm`` of G (and of H, rows aligned with G's) cut to the
+    ``binpoly.ROWS_MAX`` of largest sum_e |G[s, e]| + |H[s, e]|; None where there are more and
+    ROW_BUDGET is off (the caller then linearises everything). A binary symbol is a value in
+    {-1, +1}, so in [-1, 1]: a rule may treat any of them as a continuous symbol (its row stays
+    a linear term of the form, its |g| counts in the continuous radius, _cont_rad) and enclose a
+    superset; the exact rules (products, smooth functions, casts on sign vectors) then see only
+    the rows kept, and their supports."""
+    n = int(bm.sum())
+    if n <= binpoly.ROWS_MAX:
+        return bm
+    if not ROW_BUDGET:
+        return None
+    idx = torch.nonzero(bm).reshape(-1)
+    sel = idx.to(G.device)
+    score = G[sel].abs().reshape(n, -1).sum(1)
+    if H is not None:
+        score = score + H[sel].abs().reshape(n, -1).sum(1)
+    top = idx[torch.topk(score.cpu(), binpoly.ROWS_MAX).indices]
+    out = torch.zeros_like(bm)
+    out[top] = True
+    return out
+
+
 def _bin_abs(G: torch.Tensor) -> torch.Tensor:
     """An upper bound of sum_s |G[s]| (rows of binary symbols)."""
     return pad_hi(_l1(G) * (1 + (int(G.shape[0]) + 2) * U64)) + TINY
@@ -599,16 +628,19 @@ def _exact_product(zt: ZonoTrack, a: Form, b: Form, ga: torch.Tensor, gb: torch.
     bm = _bin_mask(zt, u)
     if not bool(bm.any()):
         return None
+    bm = _row_budget(ga, bm, gb)  # the cost of the pairs: past ROWS_MAX, the largest rows
+    if bm is None:
+        return None
     bmd = bm.to(ga.device)
     A, B = ga[bmd], gb[bmd]
     if not (bool((A != 0).any()) and bool((B != 0).any())):
         return None
-    if int(A.shape[0]) > binpoly.ROWS_MAX:  # the cost of the pairs: linearise instead
-        return None
     ids = u[bm].tolist()
     const, rows, rids, err = binpoly.poly_product(zt.mono, zt.new_monomial_id, A, ids, B, ids, op)
     abs_a = _bin_abs(A)
-    rc_a, rc_b = _cont_rad(a, _bin_mask(zt, a.idsd)), _cont_rad(b, _bin_mask(zt, b.idsd))
+    kept = u[bm]  # the binary rows left out count in the continuous radii (_row_budget)
+    rc_a = _cont_rad(a, torch.isin(a.idsd, kept))
+    rc_b = _cont_rad(b, torch.isin(b.idsd, kept))
     rad_b = b.rad()
     if op == "mul":
         rem = abs_a * rc_b + rc_a * rad_b
@@ -866,7 +898,8 @@ def _smooth_walsh(zt: ZonoTrack, a: Form, bm: torch.Tensor, lo: torch.Tensor, hi
     of x, lam the mean of f'(x_sigma), noise max_sigma |f'(x_sigma) - lam| w + max_sigma R_sigma
     (R_sigma the mean-value remainder over [x_sigma - w, x_sigma + w]) + the dropped Walsh
     terms + float64 errors. The other elements: the first-order expansion at the centre."""
-    if int(bm.sum()) > binpoly.ROWS_MAX:
+    bm = _row_budget(a.Gd, bm)
+    if bm is None:
         return None
     groups, gs = _walsh_groups(zt, a, bm)
     if not gs:
@@ -1185,9 +1218,54 @@ class ZonoTrack:
                 tightened.append(res)
                 continue
             z = ZState(z.t.cap(self.cap_for(z.t)), z.i.cap(self.cap_for(z.i)))
+            b = meet(res, z)
+            z = self.box_where_looser(z, b)
             self.forms[o_name] = z
-            tightened.append(meet(res, z))
+            tightened.append(b)
         return tuple(tightened)
+
+    def box_where_looser(self, z: ZState, b: Box) -> ZState:
+        """Per element, the box's own form (``from_box``: train = mid + hw eps, inference =
+        train + drift, one new symbol per element) where a kernel's form is more than
+        ``BOX_LOOSER`` times wider than the box met with it. A rule's form can be far wider than
+        the other domains' box (a softmax over binary symbols: p in [0.99, 1] with a radius of
+        0.1), and every later product and cast reads the form's radii; the element loses its
+        correlation with the symbols upstream, never its value or drift bounds (the box is met
+        with the form: it is no wider). Sound per element: each element's form encloses its
+        values on its own, with the symbols shared or new."""
+        hws = []
+        for lo, hi in ((b.tl, b.th), (b.il, b.ih), (b.dl, b.dh)):
+            mid = 0.5 * lo + 0.5 * hi
+            hws.append((mid, pad_hi(torch.maximum(hi - mid, mid - lo).clamp_min(0.0))))
+        (mid_t, hw_t), (mid_i, hw_i), (mid_d, hw_d) = hws
+        fin = torch.isfinite(mid_t) & torch.isfinite(hw_t) & torch.isfinite(mid_i)
+        fin = fin & torch.isfinite(hw_i) & torch.isfinite(mid_d) & torch.isfinite(hw_d)
+        fin = fin & torch.isfinite(z.t.c) & torch.isfinite(z.i.c)
+        # the box's form: train hw_t, inference its own hw_i or train + drift (from_box)
+        box_i = torch.minimum(hw_i, hw_t + hw_d)
+        worse = fin & ((z.t.rad() > BOX_LOOSER * hw_t) | (z.i.rad() > BOX_LOOSER * box_i))
+        n = int(worse.sum())
+        numel = int(z.t.c.numel())
+        if n == 0 or numel * (max(z.t.k, z.i.k) + n) > ELEMENT_BUDGET:
+            return z
+        idx = torch.nonzero(worse.reshape(-1)).reshape(-1)
+        g = torch.zeros((n, numel), dtype=F64, device=z.t.c.device)
+        g[torch.arange(n, device=g.device), idx] = hw_t.reshape(-1)[idx]
+        g = g.reshape(n, *z.t.shape)
+        new_ids = torch.arange(self.k, self.k + n, dtype=torch.int64)
+        self.k += n
+        own = hw_i <= hw_d  # inference's own box where narrower than train + drift (from_box)
+        t, i = z.t.dense(), z.i.dense()
+        c_t = torch.where(worse, mid_t, t.c)
+        r_t = torch.where(worse, torch.zeros_like(t.r), t.r)
+        c_i = torch.where(worse, torch.where(own, mid_i, mid_t + mid_d), i.c)
+        r_d = pad_hi(hw_d + 2 * U64 * (mid_t.abs() + mid_d.abs()) + TINY)
+        r_i = torch.where(worse, torch.where(own, hw_i, r_d), i.r)
+        g_i = torch.where(own.unsqueeze(0), torch.zeros_like(g), g)
+        G_t = torch.cat([torch.where(worse, torch.zeros_like(t.G), t.G), g], 0)
+        G_i = torch.cat([torch.where(worse, torch.zeros_like(i.G), i.G), g_i], 0)
+        return ZState(Form(c_t, G_t, r_t, torch.cat([t.ids, new_ids])),
+                      Form(c_i, G_i, r_i, torch.cat([i.ids, new_ids])))
 
 
 def _sanitize(z: ZState, b: Box) -> ZState | None:
@@ -2015,27 +2093,32 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
         ok2 = (single | adj) & torch.isfinite(c2)
         noise[2] = torch.where(ok2, n2, inf)
         rows = torch.isin(f.ids, zt.binary) if zt.binary.numel() and f.k else None
-        if (rows is not None and bool(rows.any()) and EXACT_BINARY
-                and int(rows.sum()) <= binpoly.ROWS_MAX):
+        r6 = (_row_budget(f.G, rows) if rows is not None and bool(rows.any()) and EXACT_BINARY
+              else None)  # past ROWS_MAX binary rows, the largest (the rest: continuous)
+        if r6 is not None:
             # 6: the cast as an exact polynomial of the base binary symbols (and the scale's)
-            tab = _scale_table(zt, cs, f, rows, lo, hi, s_lo, side, sample_axis, ctx.batch)
-            wc = _walsh_cast(zt, f, rows, q_of, s_lo, s_hi, deq, tab)
+            tab = _scale_table(zt, cs, f, r6, lo, hi, s_lo, side, sample_axis, ctx.batch)
+            wc = _walsh_cast(zt, f, r6, q_of, s_lo, s_hi, deq, tab)
             if wc is not None:
                 c6, noise[6], terms, cont = wc
                 new_ids = [i for i in sorted(terms) if i not in set(f.ids.tolist())]
                 if new_ids:  # zero rows for the new monomials: the same set
+                    k6 = f.ids[r6]
                     z = torch.zeros((len(new_ids), *f.shape), dtype=F64, device=f.c.device)
                     f = _with_rows(f, z, new_ids)
                     rows = torch.isin(f.ids, zt.binary)
+                    r6 = torch.isin(f.ids, torch.cat([k6, torch.tensor(new_ids)]))
                 pos = {i: j for j, i in enumerate(f.ids.tolist())}
                 G6 = torch.zeros_like(f.G)
                 for i, t in terms.items():
                     G6[pos[i]] = t
                 if cont is not None:  # abar_e times the amax element's continuous rows
                     jc, abar = cont
-                    cr = torch.nonzero(~rows).reshape(-1).to(f.G.device)
+                    # (a binary row left out by the budget is continuous here, and may be a
+                    # Walsh term's monomial as well: the two add)
+                    cr = torch.nonzero(~r6).reshape(-1).to(f.G.device)
                     gjc = f.G[cr].reshape(int(cr.numel()), -1)[:, jc]
-                    G6[cr] = gjc.reshape(-1, *([1] * len(f.shape))) * abar.unsqueeze(0)
+                    G6[cr] = G6[cr] + gjc.reshape(-1, *([1] * len(f.shape))) * abar.unsqueeze(0)
         if rows is not None and bool(rows.any()):
             brow = torch.nonzero(rows).reshape(-1).to(f.G.device)
             c3, G_branch, noise[3] = _binary_branches(f, brow, q_of, s_lo, s_hi, deq)
@@ -2336,6 +2419,21 @@ def _softmax(zt, ctx, states, boxes, results):
         e = f_select(~masked, e, zero)
         s = f_sum(e, -1)
         s_lo, s_hi = s.bounds()
+        # the sum of the exp's value bounds bounds s too, often far tighter than the form's
+        # range (which counts every flip of its binary symbols as free, and made the
+        # probabilities' forms ~10x wider than their boxes: B1). Every program's s is
+        # sum_j exp(x_j - m) with x_j in [lo_j, hi_j], so in [sum_j exp(z_lo_j), sum_j
+        # exp(z_hi_j)] (exp padded 64 ulp, the float64 sum of n non-negative terms (n + 4)
+        # ulp); it is in both ranges, so in their meet, and the reciprocal's mean-value
+        # remainder (f_smooth) holds over any interval that holds every program's s
+        n = int(shape[-1])
+        e_lo = torch.where(masked, zero.c, pad_lo(torch.exp(z_lo), 64 * U64))
+        e_hi = torch.where(masked, zero.c, pad_hi(torch.exp(z_hi), 64 * U64))
+        b_lo = pad_lo(e_lo.sum(-1, keepdim=True), (n + 4) * U64)
+        b_hi = pad_hi(e_hi.sum(-1, keepdim=True), (n + 4) * U64)
+        m_lo, m_hi = torch.maximum(s_lo, b_lo), torch.minimum(s_hi, b_hi)
+        if bool((m_lo <= m_hi).all()):
+            s_lo, s_hi = m_lo, m_hi
         if not bool((s_lo > 0).all()):
             return None
         inv = f_smooth(s, s_lo, s_hi, lambda t: 1.0 / t, lambda t: -1.0 / (t * t), _inv_drange)

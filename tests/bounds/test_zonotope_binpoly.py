@@ -316,3 +316,133 @@ def test_a_tie_squared_and_subtracted_is_exact_in_best() -> None:
     finally:
         Z.EXACT_BINARY = True
     assert exact < 0.01 and lin > 1.0, (exact, lin)
+
+
+# --- a budget on binary rows (ROWS_MAX): the largest exact, the rest continuous ---------------
+def _budget_cut(monkeypatch, broken: bool = False) -> list[int]:
+    """ROWS_MAX 2 against the forms' 4 binary rows (0, 1, 2 and the monomial 50): every exact
+    rule keeps 2 and treats 2 as continuous. Returns the list the cut sizes are appended to.
+    ``broken``: the rows left out counted nowhere (neither binary nor in the continuous radius:
+    the mistake a budget invites)."""
+    monkeypatch.setattr(BP, "ROWS_MAX", 2)
+    monkeypatch.setattr(Z, "ROW_BUDGET", True)
+    cuts: list[int] = []
+    orig_budget, orig_rad = Z._row_budget, Z._cont_rad
+
+    def budget(G, bm, H=None):
+        out = orig_budget(G, bm, H)
+        if out is not None:
+            cuts.append(int(bm.sum()) - int(out.sum()))
+        return out
+    monkeypatch.setattr(Z, "_row_budget", budget)
+    if broken:
+        def rad(f, bm):  # every binary row of _track() out of the radius
+            return orig_rad(f, torch.isin(f.idsd, torch.tensor([0, 1, 2, 50])))
+        monkeypatch.setattr(Z, "_cont_rad", rad)
+    return cuts
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_row_budget_products_and_smooth_hold(monkeypatch, seed: int) -> None:
+    """Past ROWS_MAX binary rows the products and smooth functions keep the largest rows exact
+    (they used to linearise the whole tensor): still every sign vector's exact value inside."""
+    cuts = _budget_cut(monkeypatch)
+    rng = np.random.default_rng(seed)
+    assert _check_product(rng, "mul") <= 0.0
+    assert _check_product(rng, "matmul") <= 0.0
+    assert _check_smooth(rng, "exp") <= 0.0
+    assert _check_smooth(rng, "rsqrt") <= 0.0
+    assert cuts and min(cuts) == 2, cuts
+
+
+def test_row_budget_check_catches_rows_left_nowhere(monkeypatch) -> None:
+    """The rows left out must count in the continuous radius: without them the products and
+    the smooth functions miss the exact values (the check above can fail)."""
+    _budget_cut(monkeypatch, broken=True)
+    worst = []
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        worst += [_check_product(rng, "mul"), _check_smooth(rng, "exp")]
+    assert max(worst) > 0.0, worst
+    monkeypatch.setattr(BP, "ROWS_MAX", 3)
+    assert max(_check_cast_budget(np.random.default_rng(s))[0] for s in range(4)) > 0.0
+
+
+def _check_cast_budget(rng: np.random.Generator) -> tuple[float, int, int]:
+    """_check_cast with ROWS_MAX 3 (one of the 4 binary rows of _cast_case continuous, through
+    _cast_operand's selection _row_budget): the cast's form is centre + terms + abar times
+    element 0's continuous rows, the row left out among them."""
+    from kcverify.kernels.spec import parse_kernel_spec
+
+    zt, f = _cast_case(rng)
+    spec = parse_kernel_spec("inf", {"compute": "fp32", "accumulate": "fp32",
+                                     "activations": {"format": "fp8_e4m3",
+                                                     "scale": "dynamic_per_tensor"}})
+    cs = spec.activations
+    lo, hi = f.bounds()
+
+    class Ctx:
+        batch = 1
+    s_lo, s_hi, q_of = Z._cast_plan(Ctx(), spec, cs, lo, hi, "left", 0)
+    bm = Z._row_budget(f.G, Z._bin_mask(zt, f.ids))
+    assert bm is not None and int(bm.sum()) == 3
+    tab = Z._scale_table(zt, cs, f, bm, lo, hi, s_lo, "left", 0, 1)
+    res = Z._walsh_cast(zt, f, bm, q_of, s_lo, s_hi, spec.accumulate.u, tab)
+    centre, noise, terms, cont = res
+    ok = torch.isfinite(noise)
+    out_rows = [j for j in range(int(f.G.shape[0])) if not bool(bm[j])]
+    worst = -float("inf")
+    for sig, cv, rs in _assignments(rng, 2):
+        vals = _symbol_values(zt, sig, cv)
+        x, r = _value(f, vals)
+        y = centre.clone()
+        for i, t in terms.items():
+            y = y + t * vals[i]
+        if cont is not None:
+            y = y + cont[1] * sum(float(f.G[j, 0, 0]) * vals[int(f.ids[j])] for j in out_rows)
+        for p in _programs((x + r * rs).numpy()):
+            d = (torch.tensor(p, dtype=F64) - y).abs() - noise
+            worst = max(worst, float(d[ok].max()))
+    return worst, int(ok.sum()), len(out_rows)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_row_budget_cast_holds_programs(monkeypatch, seed: int) -> None:
+    monkeypatch.setattr(BP, "ROWS_MAX", 3)
+    monkeypatch.setattr(Z, "ROW_BUDGET", True)
+    worst, claimed, left = _check_cast_budget(np.random.default_rng(seed))
+    assert left == 3 and claimed >= 2  # 2 continuous rows + 1 binary row left out
+    assert worst <= 0.0
+
+
+# --- B1: binpoly no looser than the linearisation, element by element --------------------------
+def _halfwidths(name: str, seed: int, exact: bool) -> dict[str, np.ndarray]:
+    from tests.soundness.adversarial import test_binpoly_attack as A
+    from tests.soundness.adversarial.harness import TRAIN, certify, graph_of
+
+    m, feeds, _ = A.NETS[name](np.random.default_rng([seed, list(A.NETS).index(name)]))
+    old = Z.EXACT_BINARY
+    Z.EXACT_BINARY = exact
+    try:
+        out = certify(graph_of(m), TRAIN, A.SP, feeds)
+    finally:
+        Z.EXACT_BINARY = old
+    return {k: np.maximum(np.abs(v.arrays()[4]), np.abs(v.arrays()[5])).ravel()
+            for k, v in out.items()}
+
+
+@pytest.mark.parametrize(("name", "seed"), [("attn", 5), ("attn", 4), ("masked", 4),
+                                            ("selfattn", 5)])
+def test_binpoly_no_looser_than_linearised(name: str, seed: int) -> None:
+    """Attention with ties on both operands of QK^T (tests/soundness/adversarial
+    test_binpoly_attack's nets): every output element's drift half-width with the binary
+    symbols kept exact is at most the linearisation's. attn seed 5 was 2.33x looser on y[3]
+    (0.0853 against 0.0366): the softmax's probabilities had forms ~10x wider than their boxes
+    (the row sum's reciprocal linearised over a sum range that counts every flip as free), and
+    PV read the radii; now the row sum is met with the sum of exp's value bounds and an element
+    whose form is > BOX_LOOSER x its box takes the box's form (ZonoTrack.box_where_looser).
+    Other seeds still have elements up to 1.3x looser (docs/bounds.md)."""
+    exact, lin = _halfwidths(name, seed, True), _halfwidths(name, seed, False)
+    for k in exact:
+        worse = exact[k] > lin[k] * (1 + 1e-9) + 1e-300
+        assert not worse.any(), (k, exact[k][worse], lin[k][worse])

@@ -30,7 +30,15 @@ import numpy as np
 import torch
 
 from kcverify.bounds.box import F64, Box, Concrete, DiffBox, check_box, pad_check, pad_hi, pad_lo
-from kcverify.bounds.registry import CONCRETE_OPS, RULES, RuleCtx, registered
+from kcverify.bounds.registry import (
+    CONCRETE_OPS,
+    RULES,
+    SYMBOLIC,
+    ZONOTOPE,
+    RuleCtx,
+    check_attributes,
+    registered,
+)
 from kcverify.errors import BoundError, InputFileError, InternalError, KcverifyError
 from kcverify.kernels.spec import KernelSpec
 from kcverify.models.ir import Graph
@@ -48,6 +56,7 @@ def load_rules() -> None:
 
     for m in _RULE_MODULES:
         importlib.import_module(f"kcverify.bounds.rules.{m}")
+    ZONOTOPE.sync()  # the rules zonotope.py registers itself, into the one table
 
 
 @dataclass(frozen=True)
@@ -199,6 +208,8 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
         if lin is not None and any(isinstance(r, Box) for r in results):
             results = _linear_step(graph, n, ins, results, ctx, lin, lin_m)
         if zono is not None and any(isinstance(r, Box) for r in results):
+            if ZONOTOPE.transfer(n.op_type) is not None:
+                check_attributes(n, ZONOTOPE.name, graph.opset)
             results = zono.step(n, list(n.inputs), ins, results, ctx)
         for o, r in zip(n.outputs, results):
             if o:
@@ -264,6 +275,7 @@ def _dispatch(graph: Graph, n, ins: list, rd: str, ctx: RuleCtx, separate: bool)
     if rule is None:
         raise BoundError(f"{where} (opset {graph.opset}): no rule for domain {rd!r}; "
                          f"registered: {', '.join(registered(rd))}")
+    check_attributes(n, rd, graph.opset)
 
     def had_inf() -> bool:  # asked only when a result holds NaN (inf - inf is then legitimate)
         return any((isinstance(x, Box) and not all(bool(torch.isfinite(p).all()) for p in x.parts()))
@@ -293,11 +305,10 @@ def _dispatch(graph: Graph, n, ins: list, rd: str, ctx: RuleCtx, separate: bool)
 def _linear_step(graph: Graph, n, ins: list, results: tuple, ctx: RuleCtx,
                  lin: dict[str, Any], m: int) -> tuple:
     """The linear domain's forms for the node's outputs, and the reduced product (linear.py)."""
-    from kcverify.bounds.linear import LINEAR_RULES, tighten
-
-    rule = LINEAR_RULES.get(n.op_type)
+    rule = SYMBOLIC.transfer(n.op_type)
     if rule is None or len(results) != 1 or not isinstance(results[0], Box):
         return results
+    check_attributes(n, SYMBOLIC.name, graph.opset)
     states = []
     for name, x in zip(n.inputs, ins):
         if x is None:
@@ -322,7 +333,7 @@ def _linear_step(graph: Graph, n, ins: list, results: tuple, ctx: RuleCtx,
     if st is None:
         return results
     lin[n.outputs[0]] = st
-    return (tighten(results[0], st),)
+    return (SYMBOLIC.meet(results[0], st),)
 
 
 # --- input sets ---------------------------------------------------------------------------

@@ -9,7 +9,7 @@ variables (NeuroDiff's differential symbolic intervals):
     x_i - x_t = D z + d + [fl, fh]
 
 so the shared dependence on the input cancels in the drift instead of being bounded twice, which
-is where the interval domain loses on regions. Rules (``@linear_rule``):
+is where the interval domain loses on regions. Rules (``@rule(op, domain=SYMBOLIC)``):
 
 * Gemm / MatMul with constant weights: y_k = Q_k(W) (x_k + c_k) + acc_k + rnd_k with c_k the
   activation cast error (relative model u|x| + eta s over the concretized value set: exact-cast
@@ -28,24 +28,17 @@ term, which is sound for every op the interval domain bounds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from kcverify.bounds.box import U64, Box, Concrete, imatmul, mag, pad_hi, pad_lo
-from kcverify.bounds.registry import RuleCtx
+from kcverify.bounds.registry import EXECUTOR, SYMBOLIC, RuleCtx, RulesOf, linear_rule, rule
 
-LINEAR_RULES: dict[str, Callable[..., Any]] = {}
-
-
-def linear_rule(*ops: str) -> Callable:
-    def deco(fn: Callable) -> Callable:
-        for op in ops:
-            LINEAR_RULES[op] = fn
-        return fn
-    return deco
+# this domain's rules in the one table (registry.RULES[(op, "symbolic")]); ``linear_rule`` is
+# registry.rule(..., domain=SYMBOLIC)
+LINEAR_RULES = RulesOf(SYMBOLIC.name)
+__all__ = ["LINEAR_RULES", "Form", "LinState", "from_box", "linear_rule", "tighten"]
 
 
 @dataclass
@@ -142,12 +135,12 @@ def _matmul_form(f: Form, W: torch.Tensor) -> Form:
 
 
 # --- rules: fn(ctx, ins: list[(orig, Box | None, LinState | None)], out: Box, m) -> LinState ----
-@linear_rule("Identity", "Dropout")
+@rule("Identity", "Dropout", domain=SYMBOLIC, attrs=EXECUTOR)
 def _identity(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
     return ins[0][2]
 
 
-@linear_rule("Cast")
+@rule("Cast", domain=SYMBOLIC, attrs=("to", "saturate"))
 def _cast(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
     """The identity where the cast is exact in both kernels; otherwise no symbolic state (a
     rounding cast: the interval rule's box stands)."""
@@ -158,7 +151,7 @@ def _cast(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
     return ins[0][2] if exact else None
 
 
-@linear_rule("Flatten", "Reshape")
+@rule("Flatten", "Reshape", domain=SYMBOLIC, attrs=EXECUTOR)
 def _reshape(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
     st = ins[0][2]
     if st is None or out.tl.dim() == 0 or out.tl.shape[0] != st.t.b.shape[0]:
@@ -179,7 +172,7 @@ def _as_state(x: tuple, m: int) -> LinState | None:
     return None
 
 
-@linear_rule("Add", "Sub")
+@rule("Add", "Sub", domain=SYMBOLIC)
 def _addsub(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
     a, b = _as_state(ins[0], m), _as_state(ins[1], m)
     if a is None or b is None:
@@ -205,7 +198,7 @@ def _bcast_pair(f: Form, g: Form) -> tuple[Form, Form]:
     return ex(f), ex(g)
 
 
-@linear_rule("Mul", "Div")
+@rule("Mul", "Div", domain=SYMBOLIC)
 def _mul_const(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
     """Multiplication (division) by a constant only; otherwise no form."""
     (ao, _, a_st), (bo, _, b_st) = ins[0], ins[1]
@@ -236,7 +229,8 @@ def _mul_const(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
     return LinState(res[0], res[1], _widen(d, -(rt + ri), rt + ri))
 
 
-@linear_rule("Gemm", "MatMul")
+@rule("Gemm", domain=SYMBOLIC, attrs=("transA", "transB", "alpha", "beta"))
+@rule("MatMul", domain=SYMBOLIC)
 def _gemm(ctx: RuleCtx, ins: list, out: Box, m: int, max_rank: int = 2) -> LinState | None:
     """y_k = (x_k + c_k) Q_k(W) + acc_k + rnd_k [+ bias]; the drift's form per the module doc.
     ``max_rank``: the largest rank of x accepted (3: rows of a batch, as Conv's columns)."""
@@ -310,7 +304,7 @@ def _gemm(ctx: RuleCtx, ins: list, out: Box, m: int, max_rank: int = 2) -> LinSt
     return st
 
 
-@linear_rule("Relu")
+@rule("Relu", domain=SYMBOLIC)
 def _relu(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
     """Stable neurons keep (or zero) their forms; unstable ones are concretized (ReluVal);
     the drift keeps its form only where both kernels are stably active."""

@@ -1,50 +1,264 @@
-"""The table of bound rules, keyed by (op type, domain), and the context a rule receives.
+"""One table of bound rules, keyed by (op type, domain name); the domains; what a rule receives.
 
-    @bound_rule("Softmax", domain=Interval)
+    @rule("Softmax", domain=INTERVAL, attrs=("axis",))
     def softmax(ctx: RuleCtx, x: Box) -> Box: ...
 
-A rule receives the node's inputs as ``Box`` (abstract float tensors), ``Concrete`` (exact values
-shared by both kernels) or None (omitted optional inputs), and returns one state per output.
-The dispatcher (engine.py), not the rule, checks shapes, NaN and lo <= hi and rounds outward.
-Ops evaluated exactly when every input is concrete live in ``CONCRETE_OPS`` (shape.py).
+A domain (``Domain``) is an abstraction of the set of (training, inference) value pairs a tensor
+may hold: it is built from a box (``from_box``), concretised to one (``to_box``), met with a box
+(``meet``), and it has one transfer function per op (``transfer(op)``: the rule registered for
+(op, domain) in ``RULES``). Three domains exist: ``INTERVAL`` (differential intervals, a ``Box``
+per tensor: every node has its rule), ``SYMBOLIC`` (differential symbolic intervals over the
+block input, kcverify/bounds/linear.py) and ``ZONOTOPE`` (the differential zonotope,
+kcverify/bounds/zonotope.py). The engine runs a tuple of them as one product (engine.run_graph):
+the interval rule first, then each relational rule from its own state and the box so far, its
+result concretised and met with that box.
+
+Rule signatures, per domain (the dispatcher, not the rule, checks shapes, NaN and lo <= hi):
+
+* interval: ``fn(ctx, *ins) -> state | tuple``, ``ins`` a ``Box`` (abstract float tensor), a
+  ``Concrete`` (exact values shared by both kernels) or None (an omitted optional input);
+* symbolic: ``fn(ctx, ins, out, m) -> LinState | None``, ``ins`` (orig, Box | None,
+  LinState | None) per input, ``out`` the box so far, ``m`` the number of symbols;
+* zonotope: ``fn(zt, ctx, states, boxes, results) -> ZState | tuple | None`` (ZonoTrack.step).
+
+A relational rule returns None where it does not apply: the node keeps its box. Every rule
+declares the node attributes it handles (``attrs``); the dispatcher refuses a node that carries
+any other attribute, or a value the rule does not handle, with a BoundError naming the node, the
+op and the attribute (``check_attributes``). Ops evaluated exactly when every input is concrete
+live in ``CONCRETE_OPS`` (shape.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from kcverify.bounds.box import Box, Concrete, meet_hi, meet_lo, pad_hi, pad_lo, round_bounds
+from kcverify.errors import BoundError
 from kcverify.kernels.spec import KernelSpec
 from kcverify.models.ir import Node
 
-
-class Interval:
-    """The differential interval domain (DiffBox per tensor)."""
-
-    name = "interval"
-
-
-DOMAINS: dict[str, type] = {"interval": Interval}
-
 State = Box | Concrete | None
 Rule = Callable[..., Any]
+# the one table: (op type, domain name) -> rule
 RULES: dict[tuple[str, str], Rule] = {}
 CONCRETE_OPS: dict[str, Callable[..., Any]] = {}
 
+# The attributes a rule handles: attribute name -> the values it handles (None: any value), or
+# EXECUTOR: those the executor's own op function takes (rules/shape.handled_attributes), for
+# rules that apply that function (movement, selection, Conv's geometry)
+EXECUTOR = "executor"
+AttrSpec = Mapping[str, Collection[Any] | None] | str
+ATTRS: dict[tuple[str, str], AttrSpec] = {}
 
-def bound_rule(*ops: str, domain: type = Interval) -> Callable[[Rule], Rule]:
-    """Register ``fn`` as the rule of ``ops`` in ``domain``."""
+
+@runtime_checkable
+class Domain(Protocol):
+    """An abstract domain of the engine's product (module docstring)."""
+
+    name: str
+
+    def from_box(self, box: Box, *args: Any) -> Any:
+        """The domain's state for every pair in ``box``."""
+
+    def to_box(self, state: Any) -> Box:
+        """The state concretised to a box (outward)."""
+
+    def meet(self, box: Box, state: Any) -> Box:
+        """``box`` intersected with the state's concretisation (never empty: both enclose the
+        same set; where rounding makes them disjoint, the box is kept)."""
+
+    def transfer(self, op: str) -> Rule | None:
+        """The rule of ``op`` in this domain (None: the domain has none; the box stands)."""
+
+
+class _TableDomain:
+    """A domain whose transfer functions are the table's rules for (op, ``name``)."""
+
+    name = ""
+
+    def transfer(self, op: str) -> Rule | None:
+        return RULES.get((op, self.name))
+
+    def register(self, op: str, fn: Rule) -> None:
+        RULES[(op, self.name)] = fn
+
+    def __repr__(self) -> str:
+        return f"<domain {self.name}>"
+
+
+class IntervalDomain(_TableDomain):
+    """The differential interval domain: a Box per tensor (train, inference and drift
+    intervals). Its rules are the base of every product: each node has one."""
+
+    name = "interval"
+
+    def from_box(self, box: Box, *args: Any) -> Box:
+        return box
+
+    def to_box(self, state: Box) -> Box:
+        return state
+
+    def meet(self, box: Box, state: Box) -> Box:
+        parts = []
+        for lo, hi, slo, shi in ((box.tl, box.th, state.tl, state.th),
+                                 (box.il, box.ih, state.il, state.ih),
+                                 (box.dl, box.dh, state.dl, state.dh)):
+            nlo, nhi = torch.maximum(lo, slo), torch.minimum(hi, shi)
+            ok = nlo <= nhi
+            parts += [torch.where(ok, nlo, lo), torch.where(ok, nhi, hi)]
+        return Box(*parts)
+
+
+class SymbolicDomain(_TableDomain):
+    """Differential symbolic intervals over the block input's m symbols (linear.py): a LinState
+    (affine forms of train, inference and drift, each with an interval term) per tensor."""
+
+    name = "symbolic"
+
+    def from_box(self, box: Box, *args: Any) -> Any:
+        from kcverify.bounds.linear import from_box
+
+        return from_box(box, int(args[0]))
+
+    def to_box(self, state: Any) -> Box:
+        return Box(*state.t.bounds(), *state.i.bounds(), *state.d.bounds())
+
+    def meet(self, box: Box, state: Any) -> Box:
+        from kcverify.bounds.linear import tighten
+
+        return tighten(box, state)
+
+
+class ZonotopeDomain(_TableDomain):
+    """The differential zonotope (zonotope.py): a ZState (forms of train and inference over
+    shared symbols) per tensor. Rules registered in zonotope.py itself (``zrule`` / ``ZRULES``)
+    are read into the table by ``sync`` (an adapter until zonotope.py registers here), and a rule
+    registered here is also written to ``ZRULES``, which ZonoTrack.step reads."""
+
+    name = "zonotope"
+
+    def from_box(self, box: Box, *args: Any) -> Any:
+        from kcverify.bounds.zonotope import ZonoTrack
+
+        track = args[0] if args else ZonoTrack()
+        return track.from_box(box)
+
+    def to_box(self, state: Any) -> Box:
+        return Box(*state.t.bounds(), *state.i.bounds(), *state.drift_bounds())
+
+    def meet(self, box: Box, state: Any) -> Box:
+        from kcverify.bounds.zonotope import meet
+
+        return meet(box, state)
+
+    def register(self, op: str, fn: Rule) -> None:
+        from kcverify.bounds.zonotope import ZRULES
+
+        RULES[(op, self.name)] = fn
+        ZRULES[op] = fn
+
+    def transfer(self, op: str) -> Rule | None:
+        self.sync()
+        return RULES.get((op, self.name))
+
+    def sync(self) -> None:
+        """Read the rules zonotope.py registers on its own (``ZRULES``) into the table, with
+        the attributes each handles (``ZONOTOPE_ATTRS``: what the rule reads of the node)."""
+        from kcverify.bounds.zonotope import ZRULES
+
+        for op, fn in ZRULES.items():
+            if RULES.get((op, self.name)) is not fn:
+                RULES[(op, self.name)] = fn
+                ATTRS.setdefault((op, self.name), ZONOTOPE_ATTRS.get(op, {}))
+
+
+# What each rule of zonotope.py reads of its node (kept here until that file registers with
+# ``rule``): movement and Gather apply the executor's op function
+_GELU = {"approximate": ("none", "tanh")}
+ZONOTOPE_ATTRS: dict[str, AttrSpec] = {
+    "Cast": {"to": None, "saturate": None}, "Gather": EXECUTOR, "Concat": {"axis": None},
+    "Gelu": _GELU, "Gemm": {"transA": None, "transB": None, "alpha": None, "beta": None},
+    "LayerNormalization": {"axis": None, "epsilon": None, "stash_type": None},
+    "Softmax": {"axis": None},
+    **{op: EXECUTOR for op in ("Reshape", "Transpose", "Unsqueeze", "Squeeze", "Flatten",
+                               "Identity", "Dropout", "Expand", "Slice", "Split", "Trilu")}}
+
+INTERVAL = IntervalDomain()
+SYMBOLIC = SymbolicDomain()
+ZONOTOPE = ZonotopeDomain()
+Interval = INTERVAL  # the name rule files use (``domain=Interval``)
+DOMAINS: dict[str, Domain] = {d.name: d for d in (INTERVAL, SYMBOLIC, ZONOTOPE)}
+
+
+def domain_of(domain: Domain | str) -> Any:
+    """The registered domain object of ``domain`` (an object or its name)."""
+    name = domain if isinstance(domain, str) else domain.name
+    if name not in DOMAINS:
+        raise ValueError(f"unknown domain {name!r}; expected one of {', '.join(DOMAINS)}")
+    return DOMAINS[name]
+
+
+def _attr_spec(attrs: AttrSpec | Collection[str]) -> AttrSpec:
+    if isinstance(attrs, str):
+        if attrs != EXECUTOR:
+            raise ValueError(f"attrs must be a mapping, names or {EXECUTOR!r}, not {attrs!r}")
+        return attrs
+    if isinstance(attrs, Mapping):
+        return {k: (None if v is None else tuple(v)) for k, v in attrs.items()}
+    return {k: None for k in attrs}
+
+
+def rule(*ops: str, domain: Domain | str = INTERVAL,
+         attrs: AttrSpec | Collection[str] = ()) -> Callable[[Rule], Rule]:
+    """Register ``fn`` as the rule of each of ``ops`` in ``domain`` (the one table, ``RULES``),
+    handling the node attributes ``attrs`` (names, or name -> the values handled, or
+    ``EXECUTOR``); a node with any other attribute is refused (``check_attributes``)."""
+    d = domain_of(domain)
+    spec = _attr_spec(attrs)
 
     def deco(fn: Rule) -> Rule:
         for op in ops:
-            RULES[(op, domain.name)] = fn
+            d.register(op, fn)
+            ATTRS[(op, d.name)] = spec
         return fn
 
     return deco
+
+
+def bound_rule(*ops: str, domain: Domain | str = INTERVAL,
+               attrs: AttrSpec | Collection[str] = ()) -> Callable[[Rule], Rule]:
+    """``rule`` (the name interval rules were registered with)."""
+    return rule(*ops, domain=domain, attrs=attrs)
+
+
+def linear_rule(*ops: str, attrs: AttrSpec | Collection[str] = ()) -> Callable[[Rule], Rule]:
+    """``rule(..., domain=SYMBOLIC)``."""
+    return rule(*ops, domain=SYMBOLIC, attrs=attrs)
+
+
+def zrule(*ops: str, attrs: AttrSpec | Collection[str] = ()) -> Callable[[Rule], Rule]:
+    """``rule(..., domain=ZONOTOPE)``."""
+    return rule(*ops, domain=ZONOTOPE, attrs=attrs)
+
+
+class RulesOf(Mapping[str, Rule]):
+    """The table's rules of one domain, by op (a read-only view)."""
+
+    def __init__(self, domain: str) -> None:
+        self.domain = domain
+
+    def __getitem__(self, op: str) -> Rule:
+        return RULES[(op, self.domain)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([op for (op, d) in RULES if d == self.domain])
+
+    def __len__(self) -> int:
+        return sum(1 for (_op, d) in RULES if d == self.domain)
 
 
 def concrete_op(*ops: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -60,6 +274,39 @@ def concrete_op(*ops: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 def registered(domain: str) -> list[str]:
     return sorted(op for (op, d) in RULES if d == domain)
+
+
+def handled(op: str, domain: str, opset: int, node_domain: str = "") -> dict[str, Any]:
+    """The attributes the rule of (``op``, ``domain``) handles: name -> values (None: any)."""
+    spec = ATTRS.get((op, domain), {})
+    if spec == EXECUTOR:
+        from kcverify.bounds.rules.shape import handled_attributes
+
+        return dict.fromkeys(handled_attributes(op, opset, node_domain))
+    return dict(spec)
+
+
+def check_attributes(node: Node, domain: str, opset: int) -> None:
+    """Refuse a node carrying an attribute (or an attribute value) that its rule in ``domain``
+    does not declare: one BoundError naming the node, the op and the attribute."""
+    if not node.attrs:
+        return
+    ok = handled(node.op_type, domain, opset, node.domain or "")
+    for name, value in node.attrs.items():
+        if name not in ok:
+            shown = ", ".join(sorted(ok)) or "none"
+            raise BoundError(f"{node.op_type} node {node.name!r} (opset {opset}): attribute "
+                             f"{name!r} is not handled by its {domain} bound rule (handled: "
+                             f"{shown})")
+        values = ok[name]
+        if values is not None and _plain(value) not in values:
+            raise BoundError(f"{node.op_type} node {node.name!r} (opset {opset}): attribute "
+                             f"{name!r} = {_plain(value)!r} is not handled by its {domain} bound "
+                             f"rule (handled values: {', '.join(repr(v) for v in values)})")
+
+
+def _plain(v: Any) -> Any:
+    return v.decode() if isinstance(v, bytes) else v
 
 
 @dataclass

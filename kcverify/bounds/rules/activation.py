@@ -51,13 +51,20 @@ def relu(ctx: RuleCtx, a) -> Box:
                            _relu_d, None)
 
 
-@bound_rule("LeakyRelu", domain=Interval)
+@bound_rule("LeakyRelu", domain=Interval, attrs=("alpha",))
 def leaky_relu(ctx: RuleCtx, a) -> Box:
     alpha = float(ctx.attr("alpha", 0.01))
     lo_s, hi_s = min(alpha, 1.0), max(alpha, 1.0)
 
     def f(lo, hi):
-        return torch.where(lo >= 0, lo, lo * alpha), torch.where(hi >= 0, hi, hi * alpha)
+        # the image of [lo, hi]: f is monotone only for alpha >= 0; for alpha < 0 it falls on
+        # x < 0, so the image is the hull of f(lo), f(hi) and f(0) = 0 where lo < 0 < hi
+        f_lo, f_hi = torch.where(lo >= 0, lo, lo * alpha), torch.where(hi >= 0, hi, hi * alpha)
+        if alpha >= 0:
+            return f_lo, f_hi
+        a, b = torch.minimum(f_lo, f_hi), torch.maximum(f_lo, f_hi)
+        cross = (lo < 0) & (hi > 0)
+        return torch.where(cross, a.clamp_max(0.0), a), torch.where(cross, b.clamp_min(0.0), b)
 
     def d(lo, hi):
         a_ = torch.full_like(lo, alpha)
@@ -143,7 +150,7 @@ def gelu_box(ctx: RuleCtx, x: Box, form: str) -> Box:
     return Box.make(outs[0], outs[1], outs[2], outs[3], dl, dh)
 
 
-@bound_rule("Gelu", domain=Interval)
+@bound_rule("Gelu", domain=Interval, attrs={"approximate": ("none", "tanh")})
 def gelu(ctx: RuleCtx, a) -> Box:
     """Gelu (opset 20): approximate = none | tanh."""
     form = str(ctx.attr("approximate", "none"))

@@ -31,7 +31,15 @@ import torch.nn.functional as F
 from kcverify.bounds import linear as lin
 from kcverify.bounds import zonotope as zono
 from kcverify.bounds.box import Box, Concrete
-from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
+from kcverify.bounds.registry import (
+    EXECUTOR,
+    SYMBOLIC,
+    ZONOTOPE,
+    Interval,
+    RuleCtx,
+    bound_rule,
+    rule,
+)
 from kcverify.bounds.rules import cache
 from kcverify.bounds.rules.shape import attributes
 from kcverify.errors import BoundError
@@ -154,7 +162,7 @@ def _bias_shape(g: Geometry, o: int) -> tuple[int, ...]:
 
 
 # --- intervals ------------------------------------------------------------------------------
-@bound_rule("Conv", domain=Interval)
+@bound_rule("Conv", domain=Interval, attrs=EXECUTOR)
 def conv(ctx: RuleCtx, x, w, b=None) -> Box:
     """im2col (exact), the MatMul rule's (cast, any-order accumulation, two roundings) with the
     weight per output channel, then the bias (the Add rule: one rounding)."""
@@ -175,7 +183,7 @@ def conv(ctx: RuleCtx, x, w, b=None) -> Box:
 
 
 # --- symbolic intervals (linear.py) ----------------------------------------------------------
-@lin.linear_rule("Conv")
+@rule("Conv", domain=SYMBOLIC, attrs=EXECUTOR)
 def conv_linear(ctx: RuleCtx, ins: list, out: Box, m: int):
     """The Gemm form rule on the unfolded forms (one row per output position), folded back,
     plus the bias as in Gemm."""
@@ -217,7 +225,7 @@ def conv_linear(ctx: RuleCtx, ins: list, out: Box, m: int):
 
 
 # --- the differential zonotope (zonotope.py) ---------------------------------------------------
-@zono.zrule("Conv")
+@rule("Conv", domain=ZONOTOPE, attrs=EXECUTOR)
 def conv_zonotope(zt, ctx: RuleCtx, states: list, boxes: list, results: tuple):
     """The input's noise becomes symbols before unfolding (every copy of an element keeps the
     element's symbols), then the zonotope's MatMul core with the constant weight, folded back,

@@ -507,7 +507,7 @@ def matmul(ctx: RuleCtx, a, b) -> Box:
     return y
 
 
-@bound_rule("Gemm", domain=Interval)
+@bound_rule("Gemm", domain=Interval, attrs=("transA", "transB", "alpha", "beta"))
 def gemm(ctx: RuleCtx, a, b, c=None) -> Box:
     """alpha * A' B' + beta * C (A' = A^T if transA, B' = B^T if transB); the matmul is cast,
     accumulated and rounded as above, alpha/beta/bias each one rounding."""

@@ -355,7 +355,12 @@ def _affine(ctx: RuleCtx, x, shape: tuple[int, ...]) -> Box | None:
     return cache.cached(ctx, x, ("ln-affine", tuple(shape)), build) if isinstance(x, Concrete) else build()
 
 
-@bound_rule("LayerNormalization", domain=Interval)
+# stash_type (the precision of the mean and variance in ONNX's function body) is not the
+# kernels' arithmetic: each kernel's moments and compute format (its spec) are what the rule bounds
+LN_ATTRS = ("axis", "epsilon", "stash_type")
+
+
+@bound_rule("LayerNormalization", domain=Interval, attrs=LN_ATTRS)
 def layer_norm(ctx: RuleCtx, x, scale=None, bias=None) -> Box:
     """LayerNormalization (opset 17): normalise over axes [axis:], then * scale + bias."""
     xb = ctx.lift(x)

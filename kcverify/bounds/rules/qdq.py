@@ -44,7 +44,7 @@ import torch
 from kcverify.bounds.box import Box, Concrete, mag, pad_hi, pad_lo
 from kcverify.bounds.casts import rne
 from kcverify.bounds.qdq_graph import JOINT_DOMAIN
-from kcverify.bounds.registry import RuleCtx, bound_rule
+from kcverify.bounds.registry import SYMBOLIC, ZONOTOPE, RuleCtx, rule
 from kcverify.errors import BoundError
 from kcverify.kernels.formats import Format, get_format
 
@@ -62,6 +62,9 @@ class QType:
     fmt: Format | None = None
 
 
+# the attributes a joint Q / DQ node carries (qdq_graph._attrs: ONNX's, defaults written out,
+# plus the quantized and scale types)
+QDQ_ATTRS = ("axis", "block_size", "saturate", "qtype", "stype")
 QTYPES: dict[int, QType] = {
     2: QType("uint8", 0, 255), 3: QType("int8", -128, 127), 4: QType("uint16", 0, 65535),
     5: QType("int16", -32768, 32767), 6: QType("int32", -(2.0**31), 2.0**31 - 1),
@@ -202,7 +205,7 @@ def _box(ctx: RuleCtx, x: object) -> Box:
     raise BoundError(f"{_where(ctx)}: its input is not a float tensor")
 
 
-@bound_rule("QuantizeLinear")
+@rule("QuantizeLinear", attrs=QDQ_ATTRS)
 def quantize_linear(ctx: RuleCtx, x, scale, zero_point=None) -> Box:
     """Joint Q: training x_t / s + z, inference Q(x_i), drift e + (x_i - x_t) / s."""
     xb = _box(ctx, x)
@@ -212,7 +215,7 @@ def quantize_linear(ctx: RuleCtx, x, scale, zero_point=None) -> Box:
     return Box.make(tl, th, q_lo, q_hi, xb.dl / p.s + e_lo, xb.dh / p.s + e_hi)
 
 
-@bound_rule("DequantizeLinear")
+@rule("DequantizeLinear", attrs=QDQ_ATTRS)
 def dequantize_linear(ctx: RuleCtx, q, scale, zero_point=None, weight=None) -> Box:
     """Joint DQ: of a pair, training (t - z) s = x_t and inference D(q); of a weight, training
     the model's float weight and inference D(q)."""
@@ -242,14 +245,14 @@ def _weight(ctx: RuleCtx, q, scale, zero_point, weight) -> Box:
 
 # --- the linear (symbolic) domain -------------------------------------------------------------
 def _register_linear() -> None:
-    from kcverify.bounds.linear import Form, LinState, _as_state, _err, _scale, _widen, linear_rule
+    from kcverify.bounds.linear import Form, LinState, _as_state, _err, _scale, _widen
 
     def shift(f: Form, c: torch.Tensor) -> Form:
         c = c.expand_as(f.b)
         e = _err(f.b, c)
         return Form(f.A, f.b + c, f.el - e, f.eh + e)
 
-    @linear_rule("QuantizeLinear")
+    @rule("QuantizeLinear", domain=SYMBOLIC, attrs=QDQ_ATTRS)
     def _q(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
         """x / s + z (+ the cast error e for the inference kernel); exact 1/s is not assumed."""
         (_, xb, _), (so, _, _) = ins[0], ins[1]
@@ -269,7 +272,7 @@ def _register_linear() -> None:
         d = _widen(_scale(xs.d, inv), pad_lo(e_lo) - r_t - r_i, pad_hi(e_hi) + r_t + r_i)
         return LinState(t, i, d)
 
-    @linear_rule("DequantizeLinear")
+    @rule("DequantizeLinear", domain=SYMBOLIC, attrs=QDQ_ATTRS)
     def _dq(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
         """(q - z) s for both kernels, plus D's rounding for the inference kernel."""
         (_, qb, _), (so, _, _) = ins[0], ins[1]
@@ -300,10 +303,9 @@ def _register_zonotope() -> None:
         f_shift,
         fp_err,
         in_bounds,
-        zrule,
     )
 
-    @zrule("QuantizeLinear")
+    @rule("QuantizeLinear", domain=ZONOTOPE, attrs=QDQ_ATTRS)
     def _zq(zt, ctx, states, boxes, results):
         """x / s + z for both kernels; the inference kernel's cast error e as an error term
         (its centre moves the form, its radius is fresh noise)."""
@@ -320,7 +322,7 @@ def _register_zonotope() -> None:
         i = fp_err(f_shift(f_scale(x.i, inv), p.z + mid), 8)
         return ZState(t, _add_err(i, rad.expand(i.shape)))
 
-    @zrule("DequantizeLinear")
+    @rule("DequantizeLinear", domain=ZONOTOPE, attrs=QDQ_ATTRS)
     def _zdq(zt, ctx, states, boxes, results):
         """(q - z) s for both kernels, plus D's rounding for the inference kernel."""
         x = states[0]

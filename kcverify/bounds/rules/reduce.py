@@ -56,6 +56,10 @@ def partial_overflow(spec: KernelSpec, n: int, pos: torch.Tensor, neg: torch.Ten
     return big > spec.accumulate.max_finite
 
 
+# axes as an attribute (before opsets 13 / 18) or an input; keepdims; noop_with_empty_axes
+REDUCE_ATTRS = ("axes", "keepdims", "noop_with_empty_axes")
+
+
 def _axes(ctx: RuleCtx, x: Box, axes) -> tuple[int, ...]:
     if isinstance(axes, Concrete):
         ax = [int(a) for a in axes.value.reshape(-1).tolist()]
@@ -98,14 +102,14 @@ def _reduce_sum(ctx: RuleCtx, x: Box, dims: tuple[int, ...], keep: bool, mean: b
     return Box.make(*vals, d_lo - errs[0] - errs[1], d_hi + errs[0] + errs[1])
 
 
-@bound_rule("ReduceSum", domain=Interval)
+@bound_rule("ReduceSum", domain=Interval, attrs=REDUCE_ATTRS)
 def reduce_sum(ctx: RuleCtx, x, axes=None) -> Box:
     b = ctx.lift(x)
     dims = _axes(ctx, b, axes)
     return _reduce_sum(ctx, b, dims, bool(int(ctx.attr("keepdims", 1))), mean=False) if dims else b
 
 
-@bound_rule("ReduceMean", domain=Interval)
+@bound_rule("ReduceMean", domain=Interval, attrs=REDUCE_ATTRS)
 def reduce_mean(ctx: RuleCtx, x, axes=None) -> Box:
     b = ctx.lift(x)
     dims = _axes(ctx, b, axes)
@@ -124,11 +128,11 @@ def _reduce_sel(ctx: RuleCtx, x, axes, fn) -> Box:
     return Box.make(*parts, dl, dh)
 
 
-@bound_rule("ReduceMax", domain=Interval)
+@bound_rule("ReduceMax", domain=Interval, attrs=REDUCE_ATTRS)
 def reduce_max(ctx: RuleCtx, x, axes=None) -> Box:
     return _reduce_sel(ctx, x, axes, lambda t, d, k: torch.amax(t, dim=d, keepdim=k))
 
 
-@bound_rule("ReduceMin", domain=Interval)
+@bound_rule("ReduceMin", domain=Interval, attrs=REDUCE_ATTRS)
 def reduce_min(ctx: RuleCtx, x, axes=None) -> Box:
     return _reduce_sel(ctx, x, axes, lambda t, d, k: torch.amin(t, dim=d, keepdim=k))

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kcverify.bounds.box import Box, Concrete, mag, pad_hi, pad_lo
-from kcverify.bounds.registry import CONCRETE_OPS, Interval, RuleCtx, bound_rule
+from kcverify.bounds.registry import CONCRETE_OPS, EXECUTOR, Interval, RuleCtx, bound_rule
 from kcverify.bounds.rules import cache
 from kcverify.errors import BoundError
 from kcverify.kernels.formats import Format, get_format
@@ -173,10 +173,12 @@ def _movement_rule(op: str, box_at: tuple[int, ...] | None = None) -> Callable:
 _BOX_INPUTS: dict[str, tuple[int, ...] | None] = {op: (0,) for op in MOVEMENT_OPS}
 _BOX_INPUTS.update({"Gather": (0,), "Concat": None, "Where": (1, 2)})
 for _op, _at in _BOX_INPUTS.items():
-    bound_rule(_op, domain=Interval)(_movement_rule(_op, _at))
+    bound_rule(_op, domain=Interval, attrs=EXECUTOR)(_movement_rule(_op, _at))
 
 
 _CAST_FORMATS = {1: "fp32", 10: "fp16", 11: "fp64", 16: "bf16"}
+_TORCH_FORMATS = {torch.float32: "fp32", torch.float16: "fp16", torch.float64: "fp64",
+                  torch.bfloat16: "bf16"}
 
 
 def _contains(big: Format, small: Format) -> bool:
@@ -238,7 +240,7 @@ def cast_image(spec: KernelSpec, target: Format, lo: torch.Tensor, hi: torch.Ten
     return q_lo, q_hi, e
 
 
-@bound_rule("Cast", domain=Interval)
+@bound_rule("Cast", domain=Interval, attrs=("to", "saturate"))
 def cast(ctx: RuleCtx, x) -> Box:
     """Cast of a float tensor to a float type (a cast to an integer type is refused). A program
     executing the graph rounds there (onnxruntime's fp32 Cast(fp16) -> Cast(fp32) does): each
@@ -246,8 +248,11 @@ def cast(ctx: RuleCtx, x) -> Box:
     ``rounding: any``), +-inf beyond its range, then stored in the kernel's compute format; the
     identity where the target holds every compute-format value. Drift: the input's plus both
     casts' errors."""
-    target = cast_target(ctx)
-    b = ctx.lift(x)
+    return _cast_box(ctx, ctx.lift(x), cast_target(ctx))
+
+
+def _cast_box(ctx: RuleCtx, b: Box, target: Format) -> Box:
+    """Both kernels' casts of ``b`` to ``target`` (the Cast rule's semantics)."""
     if cast_is_exact(ctx.train, target) and cast_is_exact(ctx.inf, target):
         return b
     tl, th, et = cast_image(ctx.train, target, b.tl, b.th)
@@ -295,11 +300,18 @@ for _op in ROUNDING_CONCRETE | EXACT_CONCRETE:
     CONCRETE_OPS[_op] = _concrete
 
 
-@bound_rule("CastLike", domain=Interval)
+@bound_rule("CastLike", domain=Interval, attrs=("saturate",))
 def cast_like(ctx: RuleCtx, x, like) -> Box | Concrete:
-    """CastLike to a float tensor's type: a constant stays exact (lifted where it meets a rule),
-    a bounded float tensor is unchanged (as Cast)."""
-    if isinstance(x, Concrete):
-        return Concrete(x.value.to(torch.float64) if x.value.is_floating_point() or x.value.dtype != torch.bool
-                        else x.value, x.rounds)
-    return ctx.lift(x)
+    """CastLike(x, like) is Cast(x, to = like's element type): every program rounds there. The
+    engine's expansion rewrites a CastLike whose ``like`` has a declared type into that Cast
+    (decompose.expand); this rule sees the rest, whose type is known only from a constant
+    ``like``. A computed ``like`` of undeclared type is refused (its type decides the rounding)."""
+    fmt = _TORCH_FORMATS.get(like.value.dtype) if isinstance(like, Concrete) else None
+    if fmt is None:
+        raise BoundError(f"CastLike node {ctx.node.name!r}: the element type of input 'like' is "
+                         "not declared in the graph (nor a float constant's); expected a float "
+                         "type to cast to")
+    if isinstance(x, Concrete) and x.rounds == 0:  # exact: every program rounds it alike
+        v = x.value if x.value.is_floating_point() else x.value.to(torch.float64)
+        return Concrete(v.to(like.value.dtype).to(torch.float64))
+    return _cast_box(ctx, ctx.lift(x), get_format(fmt))

@@ -151,7 +151,7 @@ def _axis(ctx: RuleCtx, rank: int) -> tuple[int, bool]:
     return int(ctx.attr("axis", -1)) % rank, False
 
 
-@bound_rule("Softmax", domain=Interval)
+@bound_rule("Softmax", domain=Interval, attrs=("axis",))
 def softmax(ctx: RuleCtx, a) -> Box:
     """Softmax along ``axis``."""
     x = ctx.lift(a)

@@ -2419,21 +2419,6 @@ def _softmax(zt, ctx, states, boxes, results):
         e = f_select(~masked, e, zero)
         s = f_sum(e, -1)
         s_lo, s_hi = s.bounds()
-        # the sum of the exp's value bounds bounds s too, often far tighter than the form's
-        # range (which counts every flip of its binary symbols as free, and made the
-        # probabilities' forms ~10x wider than their boxes: B1). Every program's s is
-        # sum_j exp(x_j - m) with x_j in [lo_j, hi_j], so in [sum_j exp(z_lo_j), sum_j
-        # exp(z_hi_j)] (exp padded 64 ulp, the float64 sum of n non-negative terms (n + 4)
-        # ulp); it is in both ranges, so in their meet, and the reciprocal's mean-value
-        # remainder (f_smooth) holds over any interval that holds every program's s
-        n = int(shape[-1])
-        e_lo = torch.where(masked, zero.c, pad_lo(torch.exp(z_lo), 64 * U64))
-        e_hi = torch.where(masked, zero.c, pad_hi(torch.exp(z_hi), 64 * U64))
-        b_lo = pad_lo(e_lo.sum(-1, keepdim=True), (n + 4) * U64)
-        b_hi = pad_hi(e_hi.sum(-1, keepdim=True), (n + 4) * U64)
-        m_lo, m_hi = torch.maximum(s_lo, b_lo), torch.minimum(s_hi, b_hi)
-        if bool((m_lo <= m_hi).all()):
-            s_lo, s_hi = m_lo, m_hi
         if not bool((s_lo > 0).all()):
             return None
         inv = f_smooth(s, s_lo, s_hi, lambda t: 1.0 / t, lambda t: -1.0 / (t * t), _inv_drange)

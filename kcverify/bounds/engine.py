@@ -6,16 +6,20 @@
     res.blocks    # [BlockRecord(name, digest, method, in_state, out_state)]
 
 One generic traversal (jax_verify's shape): a node whose inputs are all concrete is evaluated
-exactly (CONCRETE_OPS); every other node is dispatched to RULES[(op, domain)], and the dispatcher
-checks the result (shape, NaN, lo <= hi) and rounds it outward. Before anything runs, every node
+exactly (CONCRETE_OPS); every other node is dispatched to RULES[(op, "interval")], and the
+dispatcher checks the result (shape, NaN, lo <= hi) and rounds it outward; then each relational
+domain of the run's product (``Method.domains``: symbolic, zonotope) runs its own rule from its
+own state and the box so far, and its result, concretised, is met with that box. Before anything runs, every node
 with neither is collected into one BoundError. Blocks come from kcverify.models.blocks.segment;
 each block is bounded from the DiffBoxes of its inputs alone (``bound_block``), which is exactly
 what the certificate checker re-runs, and memory stays flat in depth.
 
-Domains: "interval" (differential intervals), "linear" (differential symbolic intervals over the
-region's input variables, linear.py, reduced with the intervals; the whole graph as one block),
-"best" (the segmenter's blocks, intervals plus the linear forms over each block's input box),
-"separate" (the baseline: each kernel bounded on its own, drift = difference of the value sets).
+Methods (``METHODS``; the name is what a block record carries, and what the checker re-runs):
+"interval" (differential intervals), "linear" (intervals, symbolic intervals over the region's
+input variables (linear.py) and the zonotope; the whole graph as one block), "best" (the same
+product on the segmenter's blocks, the zonotope for batches of at most ``ZONO_BEST_ROWS``),
+"zonotope" (intervals and the zonotope), "separate" (the baseline: each kernel bounded on its own,
+drift = difference of the value sets).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch
 from kcverify.bounds.box import F64, Box, Concrete, DiffBox, check_box, pad_check, pad_hi, pad_lo
 from kcverify.bounds.registry import (
     CONCRETE_OPS,
+    INTERVAL,
     RULES,
     SYMBOLIC,
     ZONOTOPE,
@@ -78,15 +83,49 @@ class Region:
             raise BoundError(f"region eps must be a finite number >= 0, not {self.eps!r}")
 
 
+@dataclass(frozen=True)
+class Method:
+    """What bounds a block: the domains of the product, in the order they run (the interval
+    domain first: every node has its rule; then each relational domain, met with the box so
+    far), and the blocks cut by default. ``name`` is what a block record carries and the checker
+    re-runs (``Method.of``). A relational domain runs where it applies: the symbolic domain on
+    a block with one non-point float input (its symbols), the zonotope on at most ``zono_rows``
+    batch rows (None: any)."""
+
+    name: str
+    domains: tuple[str, ...]
+    cut: str = "segments"
+    separate: bool = False  # each kernel on its own: drift = difference of the value sets
+    zono_rows: int | None = None
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def of(method: Method | str) -> Method:
+        """The method named ``method`` (a block record's ``method``, a ``--domain``)."""
+        if isinstance(method, Method):
+            return method
+        if method not in METHODS:
+            raise BoundError(f"unknown bound domain {method!r}; expected one of "
+                             f"{', '.join(DOMAIN_NAMES)}")
+        return METHODS[method]
+
+
 @dataclass
 class BlockRecord:
-    """One block's certificate: for inputs in ``in_state``, outputs lie in ``out_state``."""
+    """One block's certificate: for inputs in ``in_state``, outputs lie in ``out_state``.
+    ``method``: the name of the Method that bounded it (``Method.of``)."""
 
     name: str
     digest: str
     method: str
     in_state: dict[str, DiffBox]
     out_state: dict[str, DiffBox]
+
+    @property
+    def method_value(self) -> Method:
+        return Method.of(self.method)
 
 
 @dataclass
@@ -115,10 +154,9 @@ def refuse_second_graph(train: KernelSpec, inf: KernelSpec) -> None:
                              "(kcverify.bounds.qdq_graph.bound_problem), not the model alone")
 
 
-def _rule_domain(domain: str) -> str:
-    if domain not in DOMAIN_NAMES:
-        raise BoundError(f"unknown bound domain {domain!r}; expected one of {', '.join(DOMAIN_NAMES)}")
-    return "interval"
+def _rule_domain(domain: Method | str) -> str:
+    """The domain whose rules every node needs (the product's first): the interval domain."""
+    return Method.of(domain).domains[0]
 
 
 def expanded(graph: Graph, domain: str) -> Graph:
@@ -171,19 +209,22 @@ def _is_int(graph: Graph, name: str) -> bool:
 
 
 def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str, Any],
-              domain: str = "interval", device: torch.device | str = "cpu",
+              domain: Method | str = "interval", device: torch.device | str = "cpu",
               region_tensors: Mapping[str, Callable[[Any], Box]] | None = None,
-              keep: set[str] | None = None, lin: dict[str, Any] | None = None,
-              lin_m: int = 0, zono: Any = None, axes: Mapping[str, Any] | None = None,
-              batch: int | None = None,
+              keep: set[str] | None = None, runs: tuple[Any, ...] = (),
+              axes: Mapping[str, Any] | None = None, batch: int | None = None,
               progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
     """Bound every node of ``graph`` from ``state`` (name -> Box | Concrete); returns the states
-    of the graph outputs (and of ``keep``). ``region_tensors``: tensors replaced, once computed,
-    by a region box around them (embedding-space regions). ``axes``/``batch``: the sample axis
-    of every tensor and the number of samples (dynamic per-sample scales; RuleCtx).
-    ``progress(k, n, op)``: called before node k of n (the caller throttles it)."""
-    rd = _rule_domain(domain)
-    separate = domain == "separate"
+    of the graph outputs (and of ``keep``). The product: each node's interval rule, then each
+    of ``runs`` (the relational domains' states for this run, ``SymbolicRun`` / ``ZonotopeRun``,
+    in order) steps from its own states and the box so far and meets its result with it.
+    ``region_tensors``: tensors replaced, once computed, by a region box around them
+    (embedding-space regions). ``axes``/``batch``: the sample axis of every tensor and the
+    number of samples (dynamic per-sample scales; RuleCtx). ``progress(k, n, op)``: called
+    before node k of n (the caller throttles it)."""
+    method = Method.of(domain)
+    rd = method.domains[0]
+    separate = method.separate
     dev = torch.device(device)
     consts = graph.constant_names()
     st: dict[str, Any] = dict(state)
@@ -205,26 +246,23 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
                 raise BoundError(f"node {n.name!r} ({n.op_type}) reads {i!r}, which has no state")
         ctx = RuleCtx(n, train, inf, consts, graph.opset, dev, axes, batch)
         results = _dispatch(graph, n, ins, rd, ctx, separate)
-        if lin is not None and any(isinstance(r, Box) for r in results):
-            results = _linear_step(graph, n, ins, results, ctx, lin, lin_m)
-        if zono is not None and any(isinstance(r, Box) for r in results):
-            if ZONOTOPE.transfer(n.op_type) is not None:
-                check_attributes(n, ZONOTOPE.name, graph.opset)
-            results = zono.step(n, list(n.inputs), ins, results, ctx)
+        for run in runs:
+            if any(isinstance(r, Box) for r in results):
+                results = run.step(graph, n, ins, results, ctx)
         for o, r in zip(n.outputs, results):
             if o:
                 if isinstance(r, Box):
                     r = infinite_drift(r)
                 if region_tensors and o in region_tensors:
                     r = region_tensors[o](r)
-                    if zono is not None:
-                        zono.drop(o)
+                    for run in runs:
+                        run.drop(o)
                 st[o] = r
         for i in set(n.inputs):
             if i and last_use.get(i) == k and i not in outs and i not in graph.initializers:
                 st.pop(i, None)
-                if zono is not None:
-                    zono.drop(i)
+                for run in runs:
+                    run.drop(i)
     return {o: st[o] for o in outs if o in st}
 
 
@@ -302,38 +340,69 @@ def _dispatch(graph: Graph, n, ins: list, rd: str, ctx: RuleCtx, separate: bool)
     return tuple(res)
 
 
-def _linear_step(graph: Graph, n, ins: list, results: tuple, ctx: RuleCtx,
-                 lin: dict[str, Any], m: int) -> tuple:
-    """The linear domain's forms for the node's outputs, and the reduced product (linear.py)."""
-    rule = SYMBOLIC.transfer(n.op_type)
-    if rule is None or len(results) != 1 or not isinstance(results[0], Box):
-        return results
-    check_attributes(n, SYMBOLIC.name, graph.opset)
-    states = []
-    for name, x in zip(n.inputs, ins):
-        if x is None:
-            states.append((None, None, None))
-        elif isinstance(x, Box):
-            states.append((x, x, lin.get(name)))
-        elif x.value.is_floating_point():
-            states.append((x, ctx.lift(x), None))
-        else:
-            states.append((x, None, None))
-    try:
-        st = rule(ctx, states, results[0], m)
-    except KcverifyError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a rule that cannot apply returns None; this is a bug
-        from kcverify.bounds.memory import is_out_of_memory
+class SymbolicRun:
+    """The symbolic domain's states of one run (tensor name -> LinState over ``m`` symbols)."""
 
-        if is_out_of_memory(e):  # the budget's business (_run_blocks), not a rule bug
+    domain = SYMBOLIC
+
+    def __init__(self, forms: dict[str, Any], m: int) -> None:
+        self.forms, self.m = forms, m
+
+    def drop(self, name: str) -> None:
+        self.forms.pop(name, None)
+
+    def step(self, graph: Graph, n, ins: list, results: tuple, ctx: RuleCtx) -> tuple:
+        """The node's symbolic rule from the inputs' forms (a box without one: a constant form),
+        its result met with the box (linear.tighten: the reduced product)."""
+        rule = self.domain.transfer(n.op_type)
+        if rule is None or len(results) != 1 or not isinstance(results[0], Box):
+            return results
+        check_attributes(n, self.domain.name, graph.opset)
+        states = []
+        for name, x in zip(n.inputs, ins):
+            if x is None:
+                states.append((None, None, None))
+            elif isinstance(x, Box):
+                states.append((x, x, self.forms.get(name)))
+            elif x.value.is_floating_point():
+                states.append((x, ctx.lift(x), None))
+            else:
+                states.append((x, None, None))
+        try:
+            st = rule(ctx, states, results[0], self.m)
+        except KcverifyError:
             raise
-        raise InternalError(f"{n.op_type} node {n.name!r}: the symbolic-interval rule failed: "
-                            f"{type(e).__name__}: {e}") from e
-    if st is None:
-        return results
-    lin[n.outputs[0]] = st
-    return (SYMBOLIC.meet(results[0], st),)
+        except Exception as e:  # noqa: BLE001 - a rule that cannot apply returns None: a bug
+            from kcverify.bounds.memory import is_out_of_memory
+
+            if is_out_of_memory(e):  # the budget's business (_run_blocks), not a rule bug
+                raise
+            raise InternalError(f"{n.op_type} node {n.name!r}: the symbolic-interval rule "
+                                f"failed: {type(e).__name__}: {e}") from e
+        if st is None:
+            return results
+        self.forms[n.outputs[0]] = st
+        return (self.domain.meet(results[0], st),)
+
+
+class ZonotopeRun:
+    """The zonotope's states of one run: a ZonoTrack, whose ``step`` runs the node's rule
+    (``ZONOTOPE.transfer``) and meets its boxes with the forms (zonotope.meet)."""
+
+    domain = ZONOTOPE
+
+    def __init__(self, track: Any = None) -> None:
+        from kcverify.bounds.zonotope import ZonoTrack
+
+        self.track = track if track is not None else ZonoTrack()
+
+    def drop(self, name: str) -> None:
+        self.track.drop(name)
+
+    def step(self, graph: Graph, n, ins: list, results: tuple, ctx: RuleCtx) -> tuple:
+        if self.domain.transfer(n.op_type) is not None:
+            check_attributes(n, self.domain.name, graph.opset)
+        return self.track.step(n, list(n.inputs), ins, results, ctx)
 
 
 # --- input sets ---------------------------------------------------------------------------
@@ -443,25 +512,22 @@ def bound_block(block: Any, train_spec: KernelSpec, inf_spec: KernelSpec,
     g = expanded(g, domain)
     axes, batch = _axes_of(block, g, in_state)
     st = {name: _from_diffbox(g, name, d, dev) for name, d in in_state.items()}
-    lin = None
-    m = 0
-    if linear_inputs is None and domain in ("linear", "best"):
+    method = Method.of(domain)
+    runs: list[Any] = []
+    if linear_inputs is None and SYMBOLIC.name in method.domains:
         linear_inputs = _linear_inputs(st)
     if linear_inputs:
-        lin = dict(linear_inputs)
         m = int(next(iter(linear_inputs.values())).t.A.shape[-1])
-    zono = None
+        runs.append(SymbolicRun(dict(linear_inputs), m))
     # inputs of the batch: a point slice of k inputs is k rows (its symbols are shared by all)
     rows = batch if batch is not None else max(
         (d.shape[0] for d in in_state.values() if len(d.shape) >= 2 and not _is_point(d)),
         default=1)  # masks are points
-    if domain in ("linear", "zonotope") or (domain == "best" and rows <= ZONO_BEST_ROWS):
-        from kcverify.bounds.zonotope import ZonoTrack
-
-        zono = ZonoTrack()
-    out = run_graph(g, train_spec, inf_spec, st, domain, dev, region_tensors,
-                    keep=set(getattr(block, "outputs", ())), lin=lin, lin_m=m, zono=zono,
-                    axes=axes, batch=batch, progress=progress)
+    if ZONOTOPE.name in method.domains and (method.zono_rows is None or rows <= method.zono_rows):
+        runs.append(ZonotopeRun())
+    out = run_graph(g, train_spec, inf_spec, st, method, dev, region_tensors,
+                    keep=set(getattr(block, "outputs", ())), runs=tuple(runs), axes=axes,
+                    batch=batch, progress=progress)
     if not out:
         return {}
     ctx = RuleCtx(g.nodes[0], train_spec, inf_spec, set(), g.opset, dev)
@@ -492,6 +558,14 @@ CUTS = ("segments", "whole")
 # `best` adds the zonotope for batches up to this size: its symbols are shared by the batch rows,
 # so a large batch leaves each row a sliver of the memory budget for the cost of all of it
 ZONO_BEST_ROWS = 2
+_PRODUCT = (INTERVAL.name, SYMBOLIC.name, ZONOTOPE.name)
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("interval", (INTERVAL.name,)),
+    Method("separate", (INTERVAL.name,), separate=True),
+    Method("linear", _PRODUCT, cut="whole"),
+    Method("best", _PRODUCT, zono_rows=ZONO_BEST_ROWS),
+    Method("zonotope", (INTERVAL.name, ZONOTOPE.name)))}
+assert set(METHODS) == set(DOMAIN_NAMES)
 
 
 def _linear_inputs(st: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -617,7 +691,7 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
         raise BoundError(f"unknown block cut {cut!r}; expected one of {', '.join(CUTS)}")
     if blocks is not None:
         blks = blocks
-    elif domain == "linear" or cut == "whole":
+    elif Method.of(domain).cut == "whole" or cut == "whole":
         blks = whole_graph(graph)  # forms across layers; one record for the whole model
     else:
         blks = blocks_of(graph)

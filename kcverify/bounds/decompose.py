@@ -78,11 +78,28 @@ def expand(graph: Graph, has_rule: Callable[[Node], bool]) -> Graph:
     nodes: list[Node] = []
     changed = False
     for n in graph.nodes:
+        n = _cast_like_as_cast(graph, n)
         nodes.extend(_expand_node(n, graph.opset, has_rule, 0))
         changed = changed or nodes[-1] is not n
     if not changed:
         return graph
     return replace(graph, nodes=nodes)
+
+
+# ONNX element types of the float dtypes a graph declares (numpy / ml_dtypes names)
+_FLOAT_TYPES = {"float16": 10, "float32": 1, "float64": 11, "bfloat16": 16}
+
+
+def _cast_like_as_cast(graph: Graph, n: Node) -> Node:
+    """CastLike(x, like) where like's element type is declared (an input, output, value_info
+    or initializer): the Cast to that type, which its ONNX definition is. Other nodes as they
+    are (a CastLike of undeclared type is left to its rule, which refuses a computed like)."""
+    if n.op_type != "CastLike" or n.domain not in ("", "ai.onnx") or len(n.inputs) < 2:
+        return n
+    to = _FLOAT_TYPES.get(graph.info(n.inputs[1]).dtype or "")
+    if to is None:
+        return n
+    return Node(n.name, "Cast", n.inputs[:1], n.outputs, {**n.attrs, "to": to}, n.domain)
 
 
 def _expand_node(n: Node, opset: int, has_rule: Callable[[Node], bool], depth: int) -> list[Node]:

@@ -329,8 +329,8 @@ def _budget_cut(monkeypatch, broken: bool = False) -> list[int]:
     cuts: list[int] = []
     orig_budget, orig_rad = Z._row_budget, Z._cont_rad
 
-    def budget(G, bm, H=None):
-        out = orig_budget(G, bm, H)
+    def budget(G, bm):
+        out = orig_budget(G, bm)
         if out is not None:
             cuts.append(int(bm.sum()) - int(out.sum()))
         return out
@@ -344,8 +344,8 @@ def _budget_cut(monkeypatch, broken: bool = False) -> list[int]:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_row_budget_products_and_smooth_hold(monkeypatch, seed: int) -> None:
-    """Past ROWS_MAX binary rows the products and smooth functions keep the largest rows exact
-    (they used to linearise the whole tensor): still every sign vector's exact value inside."""
+    """Past ROWS_MAX binary rows the smooth functions keep the largest rows exact (they used to
+    linearise the whole tensor; products still do): every sign vector's exact value inside."""
     cuts = _budget_cut(monkeypatch)
     rng = np.random.default_rng(seed)
     assert _check_product(rng, "mul") <= 0.0
@@ -356,8 +356,8 @@ def test_row_budget_products_and_smooth_hold(monkeypatch, seed: int) -> None:
 
 
 def test_row_budget_check_catches_rows_left_nowhere(monkeypatch) -> None:
-    """The rows left out must count in the continuous radius: without them the products and
-    the smooth functions miss the exact values (the check above can fail)."""
+    """The rows left out must count in the continuous radius: without them the smooth functions
+    and the casts miss the exact values (the checks above can fail)."""
     _budget_cut(monkeypatch, broken=True)
     worst = []
     for seed in range(3):

@@ -674,7 +674,7 @@ def _forms_given_input(graph, spec, names: list[str] | None, n_x: int, n_real: i
     realized value of each tensor in ``names`` (train, inference and their exact difference)
     must lie in c + G_in eps_in +- (sum |G_other| + r). ``names`` None: every tensor with forms;
     ``extra``: further (non-float) inputs, exact."""
-    from kcverify.bounds.engine import expanded, input_box, load_rules, run_graph
+    from kcverify.bounds.engine import ZonotopeRun, expanded, input_box, load_rules, run_graph
 
     load_rules()
     rng = np.random.default_rng(seed)
@@ -686,7 +686,7 @@ def _forms_given_input(graph, spec, names: list[str] | None, n_x: int, n_real: i
     state = {x_name: input_box(TRAIN, spec, lo, hi), **{k: Concrete(torch.as_tensor(v)) for k, v in extra.items()}}
     every = [o for n in graph.nodes for o in n.outputs if o]
     run_graph(expanded(graph, "zonotope"), TRAIN, spec, state, "zonotope", torch.device("cpu"),
-              keep={x_name, *(names or every)}, zono=zt)
+              keep={x_name, *(names or every)}, runs=(ZonotopeRun(zt),))
     if names is None:
         names = [o for o in every if o in zt.forms]
     missing = [nm for nm in names if nm not in zt.forms]

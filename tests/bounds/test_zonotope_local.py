@@ -232,7 +232,7 @@ def test_fresh_and_row_symbols_local() -> None:
 def test_graph_local_equals_dense(which: str) -> None:
     """Every tensor's box from a run with local symbols equals the dense run's."""
     from kcverify.bounds.box import Box
-    from kcverify.bounds.engine import expanded, input_box, load_rules, run_graph
+    from kcverify.bounds.engine import ZonotopeRun, expanded, input_box, load_rules, run_graph
     from kcverify.kernels.spec import parse_kernel_spec
     from tests.soundness._helpers import TRAIN
 
@@ -247,7 +247,7 @@ def test_graph_local_equals_dense(which: str) -> None:
         zt = ZonoTrack(local=local)
         state = {"x": input_box(TRAIN, spec, lo, hi)}
         res[local] = run_graph(expanded(graph, "zonotope"), TRAIN, spec, state, "zonotope",
-                               torch.device("cpu"), keep=set(every), zono=zt)
+                               torch.device("cpu"), keep=set(every), runs=(ZonotopeRun(zt),))
         if local:
             assert any(z.t.L is not None for z in zt.forms.values())
     n = 0

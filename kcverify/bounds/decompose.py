@@ -77,10 +77,11 @@ def expand(graph: Graph, has_rule: Callable[[Node], bool]) -> Graph:
     """The graph with every rule-less node that has an ONNX function body expanded."""
     nodes: list[Node] = []
     changed = False
-    for n in graph.nodes:
-        n = _cast_like_as_cast(graph, n)
-        nodes.extend(_expand_node(n, graph.opset, has_rule, 0))
-        changed = changed or nodes[-1] is not n
+    for node in graph.nodes:
+        n = _cast_like_as_cast(graph, node)
+        # a function body's CastLike (Softplus, HardSigmoid) too, where its like is declared
+        nodes.extend(_cast_like_as_cast(graph, m) for m in _expand_node(n, graph.opset, has_rule, 0))
+        changed = changed or nodes[-1] is not node  # rewritten or expanded
     if not changed:
         return graph
     return replace(graph, nodes=nodes)

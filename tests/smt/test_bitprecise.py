@@ -23,10 +23,10 @@ def _check(fmt8: str, comp: str, sizes=(2, 2, 1), eps=2.0**-7) -> None:
     g = fp_box_model(sizes, 0, comp)
     x0 = np.array([[0.5, -0.25]], np.float32)
     enum, x_enum = enumerated_max(g, train, inf, x0, eps)
-    model = max_drift(g, train, inf, x0, eps=eps, timeout_s=30)
+    model = max_drift(g, train, inf, x0, eps=eps, timeout_s=120)
     assert model.exact and float(model.value) >= enum
     b = bitprecise_max(g, train, inf, x0, eps, upper=float(model.value) * 1.001, lower=enum,
-                       timeout_s=60)
+                       timeout_s=240)
     # one unsat answer: no input of the box drifts more than the enumerated maximum
     assert b.queries == 1 and b.lower == enum and b.upper == enum
 
@@ -49,5 +49,5 @@ def test_bitprecise_finds_the_maximum_from_below() -> None:
     x0 = np.array([[0.5, -0.25]], np.float32)
     eps = 2.0**-8
     enum, _ = enumerated_max(g, train, inf, x0, eps)
-    b = bitprecise_max(g, train, inf, x0, eps, upper=1.0, timeout_s=60, rel_tol=0.05)
+    b = bitprecise_max(g, train, inf, x0, eps, upper=1.0, timeout_s=240, rel_tol=0.05)
     assert b.lower <= enum <= b.upper and b.x is not None

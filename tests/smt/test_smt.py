@@ -90,11 +90,11 @@ def test_shipped_model_clause_proved_by_smt_not_by_intervals() -> None:
     x = np.random.default_rng(0).uniform(-1, 1, (1, 4)).astype(np.float32)
     eps = 0.01
     engine = float(certify_drift(g, TRAIN, INF, x, region=Region(eps=eps)).linf[0])
-    m = max_drift(g, TRAIN, INF, x, eps=eps, timeout_s=30)
+    m = max_drift(g, TRAIN, INF, x, eps=eps, timeout_s=120)
     assert m.exact and float(m.value) < 0.8 * engine
     tau = (float(m.value) + engine) / 2
     assert engine > tau  # the interval domain cannot prove it
-    d = smt_decide_block(g, TRAIN, INF, x, tau, eps=eps, timeout_s=30)
+    d = smt_decide_block(g, TRAIN, INF, x, tau, eps=eps, timeout_s=120)
     assert d.verdict == "proved" and d.node is not None
     rule = get_rule("smt-block")
     ctx = RuleContext(expected_chain=[(b.name, b.digest) for b in blocks_of(g)])
@@ -148,7 +148,7 @@ def test_static_scale_and_unstable_relus() -> None:
     g = random_mlp((3, 4, 2), seed=3)
     x = np.random.default_rng(3).uniform(-1, 1, (1, 3)).astype(np.float32)
     eps = 0.1
-    m = max_drift(g, train, inf, x, eps=eps, timeout_s=20)
+    m = max_drift(g, train, inf, x, eps=eps, timeout_s=80)
     assert m.stats["unstable_relus"] > 0 and m.exact
     engine = float(certify_drift(g, train, inf, x, region=Region(eps=eps)).linf[0])
     assert m.value <= fr(engine)

@@ -162,9 +162,8 @@ class Form:
             if self.L is None:
                 self._dense = (self.Gd, self.idsd, False)
             else:
-                Ld, lids = local_to_dense(self.L, self.lb, self.P)
-                self._dense = _merge_rows([self.Gd.expand(self.kd, *self.shape), Ld],
-                                          [self.idsd, lids])
+                self._dense = _dense_writing(self.Gd.expand(self.kd, *self.shape), self.idsd,
+                                             self.L, self.lb, self.P)
         return self._dense
 
     def _dense_view(self, i: int) -> torch.Tensor:
@@ -324,16 +323,53 @@ def local_to_dense(L: torch.Tensor, lb: torch.Tensor, P: torch.Tensor
     return Ld[order.to(Ld.device)], lids[order]
 
 
+def _dense_writing(Gd: torch.Tensor, idsd: torch.Tensor, L: torch.Tensor, lb: torch.Tensor,
+                   P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``_merge_rows([Gd, local_to_dense(L, lb, P)])`` written in one pass (the same rows, ids
+    and flag): one zeroed result, the dense rows copied to their sorted places and each local
+    coefficient L[j, e] scattered to row (kind j, position P[e]), instead of the kinds times
+    positions masked products, their reordering, the join and its reordering (four copies of
+    the dense writing; profile in docs/bounds.md "Speed"). Entries are copies of L, Gd or zero
+    (an entry the masked product wrote as L * 0 = -0.0 is +0.0 here: the same number)."""
+    shape = tuple(L.shape[1:])
+    kd, kl = int(idsd.numel()), int(L.shape[0])
+    P = P.expand(shape)
+    tv = torch.unique(P)
+    lids = (lb.reshape(-1, 1) + tv.to(lb.device).reshape(1, -1)).reshape(-1)
+    u, inv = torch.unique(torch.cat([idsd, lids]), return_inverse=True)
+    if u.numel() != kd + lids.numel():  # a symbol in both parts: its rows are added
+        Ld, lids = local_to_dense(L, lb, P)
+        return _merge_rows([Gd, Ld], [idsd, lids])
+    numel = math.prod(shape)
+    out = torch.zeros((int(u.numel()), numel), dtype=L.dtype, device=L.device)
+    inv = inv.to(L.device)
+    if kd:
+        out[inv[:kd]] = Gd.reshape(kd, numel)
+    tpos = torch.searchsorted(tv, P.reshape(-1).contiguous())  # each element's position's index in tv
+    rows = inv[kd:].reshape(kl, int(tv.numel()))[:, tpos.to(L.device)]
+    out.scatter_(0, rows, L.reshape(kl, numel))
+    return out.reshape(-1, *shape), u, False
+
+
 def _merge_rows(Gs: list[torch.Tensor], idss: list[torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Rows of several blocks joined by symbol id (sorted), and whether some symbol was in two
-    blocks (its rows were added: rounded, see Form.dense)."""
+    blocks (its rows were added: rounded, see Form.dense). Distinct ids: each block is copied
+    once to its sorted places (no join and reordering: two copies of the result)."""
     ids = torch.cat(idss)
-    G = torch.cat(Gs, 0)
     u, inv = torch.unique(ids, return_inverse=True)
     if u.numel() == ids.numel():
-        order = torch.argsort(ids)
-        return G[order.to(G.device)], ids[order], False
+        shape = Gs[0].shape[1:]
+        out = torch.empty((int(u.numel()), *shape), dtype=Gs[0].dtype, device=Gs[0].device)
+        inv = inv.to(out.device)
+        start = 0
+        for G, i in zip(Gs, idss):
+            n = int(i.numel())
+            if n:
+                out[inv[start:start + n]] = G
+            start += n
+        return out, u, False
+    G = torch.cat(Gs, 0)
     out = torch.zeros((u.numel(), *G.shape[1:]), dtype=G.dtype, device=G.device)
     out.index_add_(0, inv.to(G.device), G)
     return out, u, True

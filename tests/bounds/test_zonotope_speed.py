@@ -1,0 +1,135 @@
+"""Pure speedups of the differential zonotope (docs/bounds.md, "Speed"): the same numbers.
+
+A rewrite of a form operation for speed must give the *same* forms, bit for bit, as the code it
+replaces: here each fast path is compared with the reference composition it replaces (kept in
+this file) on random forms (positions in row order and permuted, a symbol in both parts of a
+form, empty dense parts), and whole graphs are run with the fast path and with the reference
+monkeypatched in, every tensor's box compared with ``torch.equal``. Each check is shown to
+catch a broken variant (a local coefficient scattered to the wrong position).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kcverify.bounds import zonotope as Z
+from kcverify.bounds.zonotope import F64
+from tests.bounds.test_zonotope import _block_graph, _ops_graph
+
+_FAST_WRITING = Z._dense_writing
+
+
+def _ref_merge(Gs: list[torch.Tensor], idss: list[torch.Tensor]
+               ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The join as it was written before (concatenate, then reorder by id)."""
+    ids = torch.cat(idss)
+    G = torch.cat(Gs, 0)
+    u, inv = torch.unique(ids, return_inverse=True)
+    if u.numel() == ids.numel():
+        order = torch.argsort(ids)
+        return G[order], ids[order], False
+    out = torch.zeros((u.numel(), *G.shape[1:]), dtype=G.dtype)
+    out.index_add_(0, inv, G)
+    return out, u, True
+
+
+def _ref_dense_writing(Gd, idsd, L, lb, P):
+    """The dense writing as it was computed before: masked products per kind and position."""
+    Ld, lids = Z.local_to_dense(L, lb, P)
+    return _ref_merge([Gd, Ld], [idsd, lids])
+
+
+def _broken_dense_writing(Gd, idsd, L, lb, P):
+    """A broken variant: the local coefficients of position t land on position t + 1's row."""
+    return _FAST_WRITING(Gd, idsd, L, lb, (P + 1) % (int(P.max()) + 1))
+
+
+def _random_case(rng: np.random.Generator, trial: int):
+    T, d = int(rng.integers(2, 6)), int(rng.integers(1, 5))
+    shape = (T, d)
+    P = torch.arange(T).reshape(T, 1).expand(shape).clone()
+    if trial % 3 == 0:  # positions not in row order
+        P = torch.tensor(rng.permutation(T))[P]
+    kl = int(rng.integers(1, 4))
+    lb = torch.tensor(np.sort(rng.choice(50, kl, replace=False)) * 10 + 100, dtype=torch.int64)
+    L = torch.tensor(rng.normal(size=(kl, *shape)), dtype=F64)
+    L = L * torch.tensor(rng.uniform(size=L.shape) > 0.2, dtype=F64)  # zero coefficients too
+    ids = set(rng.choice(90, int(rng.integers(0, 4)), replace=False).tolist())
+    if trial % 4 == 1:  # a dense symbol that is also one of the local ones
+        ids.add(int(lb[0] + P.reshape(-1)[0]))
+    idsd = torch.tensor(sorted(ids), dtype=torch.int64)
+    Gd = torch.tensor(rng.normal(size=(len(ids), *shape)), dtype=F64)
+    return Gd, idsd, L, lb, P
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2]
+
+
+def test_dense_writing_equals_reference() -> None:
+    rng = np.random.default_rng(0)
+    merged = 0
+    for trial in range(120):
+        case = _random_case(rng, trial)
+        ref = _ref_dense_writing(*case)
+        assert _same(Z._dense_writing(*case), ref), trial
+        assert not _same(_broken_dense_writing(*case), ref) or not bool(case[2].any()), trial
+        merged += ref[2]
+        # the joins of Form._with_rows and Form.dense (distinct ids and shared ones)
+        Gd, idsd, L, lb, P = case
+        Ld, lids = Z.local_to_dense(L, lb, P)
+        assert _same(Z._merge_rows([Gd, Ld], [idsd, lids]), ref), trial
+        extra = torch.tensor(rng.normal(size=(2, *Gd.shape[1:])), dtype=F64)
+        eids = [torch.tensor([7, 95]), torch.tensor([95, 3])][trial % 2]
+        assert _same(Z._merge_rows([Gd.expand(Gd.shape[0], *Gd.shape[1:]), extra], [idsd, eids]),
+                     _ref_merge([Gd, extra], [idsd, eids])), trial
+    assert merged >= 10  # the shared-symbol path ran
+
+
+def test_form_dense_uses_fast_writing() -> None:
+    """A form's dense() and G read the fast writing, and equal the reference's."""
+    rng = np.random.default_rng(1)
+    Gd, idsd, L, lb, P = _random_case(rng, 2)
+    f = Z.Form(torch.zeros(P.shape, dtype=F64), Gd, torch.zeros(P.shape, dtype=F64), idsd, L, lb, P)
+    G, ids, _ = _ref_dense_writing(Gd, idsd, L, lb, P)
+    assert torch.equal(f.dense().G, G) and torch.equal(f.dense().ids, ids)
+
+
+def _graph_boxes(graph, local: bool = True) -> dict:
+    from kcverify.bounds.box import Box
+    from kcverify.bounds.engine import expanded, input_box, load_rules, run_graph
+    from kcverify.kernels.spec import parse_kernel_spec
+    from tests.soundness._helpers import TRAIN
+
+    load_rules()
+    spec = parse_kernel_spec("inf", {"compute": "bf16", "accumulate": "fp32"})
+    x0 = np.random.default_rng(7).normal(size=(2, 3, 8))
+    lo, hi = (torch.tensor(x0 + d, dtype=F64) for d in (-0.05, 0.05))
+    every = [o for n in graph.nodes for o in n.outputs if o]
+    zt = Z.ZonoTrack(local=local)
+    state = {"x": input_box(TRAIN, spec, lo, hi)}
+    res = run_graph(expanded(graph, "zonotope"), TRAIN, spec, state, "zonotope",
+                    torch.device("cpu"), keep=set(every), zono=zt)
+    return {k: v for k, v in res.items() if isinstance(v, Box) and k in every}
+
+
+@pytest.mark.parametrize("which", ["block", "ops"])
+def test_graph_bit_identical_to_reference(which: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tensor's box of a graph run is bit-identical with the reference writing; the
+    broken writing changes some box (the comparison can fail)."""
+    graph = _block_graph() if which == "block" else _ops_graph()
+    fast = _graph_boxes(graph)
+    with monkeypatch.context() as m:
+        m.setattr(Z, "_dense_writing", _ref_dense_writing)
+        ref = _graph_boxes(graph)
+    with monkeypatch.context() as m:
+        m.setattr(Z, "_dense_writing", _broken_dense_writing)
+        broken = _graph_boxes(graph)
+    assert fast.keys() == ref.keys() and len(fast) >= 5
+    for name in fast:
+        for p, q in zip(fast[name].parts(), ref[name].parts()):
+            assert torch.equal(p, q), name
+    assert any(not torch.equal(p, q) for name in fast
+               for p, q in zip(fast[name].parts(), broken[name].parts()))

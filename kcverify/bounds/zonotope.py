@@ -246,16 +246,7 @@ class Form:
         """Upper bound of sum_s |G[s]| over both parts (float64 sum error included: the two
         parts' sums and their addition are one order of summing kd + kl terms)."""
         if self._gs is None:  # forms are never modified in place: computed once
-            kd, kl = self.kd, self.kl
-            if kd + kl == 0:
-                self._gs = torch.zeros_like(self.c)
-            elif kl == 0:
-                self._gs = _l1(self.Gd) * (1 + (kd + 2) * U64) + TINY
-            else:
-                acc = _l1(self.L)
-                if kd:
-                    acc = acc + _l1(self.Gd)
-                self._gs = acc * (1 + (kd + kl + 2) * U64) + TINY
+            self._gs = _gsum(self.c, self.Gd, self.L)
         return self._gs
 
     def rad(self) -> torch.Tensor:
@@ -307,6 +298,22 @@ class Form:
         return Form(self.c, self.Gd[kd_keep.to(dev)], pad_hi(self.r + extra) + TINY,
                     self.idsd[kd_keep.to(self.idsd.device)], self.L[kl_keep.to(dev)],
                     self.lb[kl_keep.to(self.lb.device)], self.P)
+
+
+def _gsum(c: torch.Tensor, Gd: torch.Tensor, L: torch.Tensor | None,
+          rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Form.gsum of the form with dense part ``Gd`` (only its rows ``rows``, when given: the
+    same number as the form of those rows, without copying them out) and local part ``L``."""
+    kd = int(Gd.shape[0]) if rows is None else int(rows.numel())
+    kl = 0 if L is None else int(L.shape[0])
+    if kd + kl == 0:
+        return torch.zeros_like(c)
+    if kl == 0:
+        return _l1(Gd, rows=rows) * (1 + (kd + 2) * U64) + TINY
+    acc = _l1(L)
+    if kd:
+        acc = acc + _l1(Gd, rows=rows)
+    return acc * (1 + (kd + kl + 2) * U64) + TINY
 
 
 def local_to_dense(L: torch.Tensor, lb: torch.Tensor, P: torch.Tensor
@@ -617,8 +624,7 @@ def _bin_mask(zt: ZonoTrack, ids: torch.Tensor) -> torch.Tensor:
 def _cont_rad(f: Form, bm: torch.Tensor) -> torch.Tensor:
     """An upper bound of the form's continuous part: every symbol but the binary rows ``bm``
     of its dense part (the local part is never binary), plus r."""
-    part = Form(f.c, f.Gd[bm.logical_not().to(f.Gd.device)], f.r, f.idsd[~bm], f.L, f.lb, f.P)
-    return part.rad()
+    return pad_hi(_gsum(f.c, f.Gd, f.L, torch.nonzero(~bm).reshape(-1)) + f.r)
 
 
 ROW_BUDGET = True  # past ROWS_MAX binary rows: keep the largest exact, the rest linear

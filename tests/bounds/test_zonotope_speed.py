@@ -133,3 +133,26 @@ def test_graph_bit_identical_to_reference(which: str, monkeypatch: pytest.Monkey
             assert torch.equal(p, q), name
     assert any(not torch.equal(p, q) for name in fast
                for p, q in zip(fast[name].parts(), broken[name].parts()))
+
+
+@pytest.mark.parametrize("chunk", [64, 2**16])
+def test_cont_rad_equals_copied_rows(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """_cont_rad sums the continuous rows in place; the number is the copied form's rad()
+    (also with chunks of a few rows: the chunks of the rows picked are the copy's chunks)."""
+    monkeypatch.setattr(Z, "L1_CHUNK", chunk)
+    rng = np.random.default_rng(2)
+    for trial in range(40):
+        Gd, idsd, L, lb, P = _random_case(rng, trial)
+        if trial % 2:
+            L = lb = None
+            P = None
+        Gd = torch.cat([Gd, torch.tensor(rng.normal(size=(300, *Gd.shape[1:])), dtype=F64)])
+        idsd = torch.cat([idsd, torch.arange(1000, 1300)])
+        c = torch.tensor(rng.normal(size=Gd.shape[1:]), dtype=F64)
+        r = torch.tensor(rng.uniform(size=Gd.shape[1:]), dtype=F64)
+        f = Z.Form(c, Gd, r, idsd, L, lb, P)
+        bm = torch.tensor(rng.uniform(size=int(idsd.numel())) < 0.3)
+        if trial == 0:
+            bm[:] = True  # no continuous dense row
+        part = Z.Form(c, Gd[~bm], r, idsd[~bm], L, lb, P)
+        assert torch.equal(Z._cont_rad(f, bm), part.rad()), trial

@@ -103,6 +103,7 @@ from kcverify.kernels.spec import KernelSpec
 U64 = 2.0**-53
 TINY = 2.0**-1000
 F64 = torch.float64
+PRUNE_ZERO_ROWS = True  # matmul operands drop all-zero rows (the same set; False: keep them)
 K_MAX = 16384           # symbols one form may keep (order reduction beyond)
 ELEMENT_BUDGET = 2**24  # and at most this many generator entries (k * numel) per form
 
@@ -275,6 +276,31 @@ class Form:
             return self
         return self.reshape((1,) * extra + self.shape)
 
+    def without_zero_rows(self) -> Form:
+        """The same form without the symbols whose coefficients are all zero (dense rows, local
+        kinds): the same set exactly (0 * eps = 0). A matmul's cast operand (``_matmul_core``)
+        is the dense writing of its local kinds (one row per kind and position, zero off that
+        position) with the rows picked per element (the image box, a point or a new flip zero
+        an element's rows): on the fp8-deploy decoder most of its rows are zero, and every later
+        op and sum ran over them. ``gsum`` is kept when known: it bounds the same sum (the
+        dropped rows add exact zeros). Bounds downstream change only by the float64 roundings
+        of shorter sums, and where a cost limit counted zero rows (``binpoly.ROWS_MAX``: an
+        exact product instead of its linearisation): both sound. ``PRUNE_ZERO_ROWS``."""
+        kd, kl = self.kd, self.kl
+        keep_d = _nonzero_rows(self.Gd) if kd else None
+        keep_l = _nonzero_rows(self.L) if kl else None
+        if ((keep_d is None or bool(keep_d.all())) and (keep_l is None or bool(keep_l.all()))):
+            return self
+        Gd, idsd = self.Gd, self.idsd
+        if keep_d is not None and not bool(keep_d.all()):
+            Gd, idsd = Gd[keep_d], idsd[keep_d.to(idsd.device)]
+        L, lb = self.L, self.lb
+        if keep_l is not None and not bool(keep_l.all()):
+            L, lb = L[keep_l], lb[keep_l.to(lb.device)]
+        out = Form(self.c, Gd, self.r, idsd, L, lb, self.P)
+        out._gs = self._gs
+        return out
+
     def cap(self, m: int) -> Form:
         """At most m rows (dense symbols + local kinds): the rows of least total magnitude are
         folded into r (sound: |g eps| <= |g|; other tensors may keep those symbols)."""
@@ -298,6 +324,11 @@ class Form:
         return Form(self.c, self.Gd[kd_keep.to(dev)], pad_hi(self.r + extra) + TINY,
                     self.idsd[kd_keep.to(self.idsd.device)], self.L[kl_keep.to(dev)],
                     self.lb[kl_keep.to(self.lb.device)], self.P)
+
+
+def _nonzero_rows(G: torch.Tensor) -> torch.Tensor:
+    """Per row (symbol axis first), whether some coefficient is not zero (NaN counts)."""
+    return G.reshape(int(G.shape[0]), -1).any(1)
 
 
 def _gsum(c: torch.Tensor, Gd: torch.Tensor, L: torch.Tensor | None,
@@ -2224,6 +2255,9 @@ def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
         fb, b_lo, b_hi, sb = _cast_operand(zt, ctx, spec, b, box_b, k, bw, "right", -1, -2, axes[1])
         if isinstance(fa, torch.Tensor) and isinstance(fb, torch.Tensor):
             return None
+        if PRUNE_ZERO_ROWS:  # the same sets without the all-zero rows the casts left
+            fa = fa.without_zero_rows() if isinstance(fa, Form) else fa
+            fb = fb.without_zero_rows() if isinstance(fb, Form) else fb
         # the cast errors as symbols: one straddled rounding moves a whole row/column together
         fa = zt.fresh(fa) if isinstance(fa, Form) and not after else fa
         fb = zt.fresh(fb) if isinstance(fb, Form) else fb

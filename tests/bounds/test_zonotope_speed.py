@@ -97,16 +97,22 @@ def test_form_dense_uses_fast_writing() -> None:
     assert torch.equal(f.dense().G, G) and torch.equal(f.dense().ids, ids)
 
 
-def _graph_boxes(graph, local: bool = True) -> dict:
+FP8 = {"weights": {"format": "fp8_e4m3", "scale": "per_channel"},
+       "activations": {"format": "fp8_e4m3", "scale": "dynamic_per_tensor"},
+       "accumulate": "fp32", "compute": "fp32"}
+
+
+def _graph_boxes(graph, local: bool = True, kernel: dict | None = None,
+                 width: float = 0.05) -> dict:
     from kcverify.bounds.box import Box
     from kcverify.bounds.engine import expanded, input_box, load_rules, run_graph
     from kcverify.kernels.spec import parse_kernel_spec
     from tests.soundness._helpers import TRAIN
 
     load_rules()
-    spec = parse_kernel_spec("inf", {"compute": "bf16", "accumulate": "fp32"})
+    spec = parse_kernel_spec("inf", kernel or {"compute": "bf16", "accumulate": "fp32"})
     x0 = np.random.default_rng(7).normal(size=(2, 3, 8))
-    lo, hi = (torch.tensor(x0 + d, dtype=F64) for d in (-0.05, 0.05))
+    lo, hi = (torch.tensor(x0 + d, dtype=F64) for d in (-width, width))
     every = [o for n in graph.nodes for o in n.outputs if o]
     zt = Z.ZonoTrack(local=local)
     state = {"x": input_box(TRAIN, spec, lo, hi)}
@@ -156,3 +162,87 @@ def test_cont_rad_equals_copied_rows(chunk: int, monkeypatch: pytest.MonkeyPatch
             bm[:] = True  # no continuous dense row
         part = Z.Form(c, Gd[~bm], r, idsd[~bm], L, lb, P)
         assert torch.equal(Z._cont_rad(f, bm), part.rad()), trial
+
+
+def _coeff_dict(f: Z.Form) -> dict[int, torch.Tensor]:
+    d = f.dense()
+    return {int(i): d.G[j] for j, i in enumerate(d.ids) if bool((d.G[j] != 0).any())}
+
+
+def _drop_smallest(f: Z.Form) -> Z.Form:
+    """A broken pruning: also drops the dense row of least magnitude that is not zero."""
+    keep = Z._nonzero_rows(f.Gd)
+    nz = torch.nonzero(keep).reshape(-1)
+    keep[nz[Z._row_l1(f.Gd[nz]).argmin()]] = False
+    return Z.Form(f.c, f.Gd[keep], f.r, f.idsd[keep], f.L, f.lb, f.P)
+
+
+def test_zero_rows_dropped_same_set() -> None:
+    """without_zero_rows keeps every symbol with a coefficient, the centre, r and the radius;
+    the kept gsum bounds the pruned form's own; a pruning that drops a nonzero row is caught."""
+    rng = np.random.default_rng(3)
+    dropped = 0
+    for trial in range(40):
+        Gd, idsd, L, lb, P = _random_case(rng, trial + 1)
+        Gd = torch.cat([Gd, torch.tensor(rng.normal(size=(6, *Gd.shape[1:])), dtype=F64)])
+        idsd = torch.cat([idsd, torch.arange(2000, 2006)])
+        zd = torch.tensor(rng.uniform(size=int(idsd.numel())) < 0.4)
+        Gd[zd] = 0.0
+        if trial % 3 == 0:
+            Gd[zd.nonzero()[:1].reshape(-1)] = -0.0  # a negative zero is a zero too
+            L[0] = 0.0
+        c = torch.tensor(rng.normal(size=Gd.shape[1:]), dtype=F64)
+        r = torch.tensor(rng.uniform(size=Gd.shape[1:]), dtype=F64)
+        f = Z.Form(c, Gd, r, idsd, L, lb, P)
+        if trial % 2:
+            f.gsum()  # known before: kept
+        g = f.without_zero_rows()
+        dropped += (f.kd + f.kl) - (g.kd + g.kl)
+        assert torch.equal(g.c, f.c) and torch.equal(g.r, f.r)
+        if trial % 2:
+            assert torch.equal(g.rad(), f.rad())
+        assert torch.allclose(g.rad(), f.rad(), rtol=1e-14, atol=0)
+        fresh = Z.Form(g.c, g.Gd, g.r, g.idsd, g.L, g.lb, g.P)
+        assert bool((fresh.gsum() <= g.gsum()).all())
+        a, b = _coeff_dict(f), _coeff_dict(g)
+        assert a.keys() == b.keys() and all(torch.equal(a[i], b[i]) for i in a), trial
+        assert not bool((g.Gd.reshape(g.kd, -1) == 0).all(1).any())
+        if g.kd:
+            assert _coeff_dict(_drop_smallest(g)).keys() != a.keys()
+    assert dropped >= 40
+
+
+@pytest.mark.parametrize("which", ["block", "ops"])
+def test_graph_with_zero_rows_pruned(which: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With fp8 activation casts, a graph's boxes with the matmul operands' all-zero rows
+    pruned equal the run that keeps them (to the float64 roundings of the shorter sums: the
+    same sets, summed over fewer rows); rows were pruned."""
+    graph = _block_graph() if which == "block" else _ops_graph()
+    seen = []
+    orig = Z.Form.without_zero_rows
+
+    def counted(f: Z.Form) -> Z.Form:
+        g = orig(f)
+        seen.append((f.kd + f.kl) - (g.kd + g.kl))
+        return g
+    with monkeypatch.context() as m:
+        m.setattr(Z.Form, "without_zero_rows", counted)
+        pruned = _graph_boxes(graph, kernel=FP8, width=1e-5)
+    assert sum(seen) > 0
+    with monkeypatch.context() as m:
+        m.setattr(Z, "PRUNE_ZERO_ROWS", False)
+        kept = _graph_boxes(graph, kernel=FP8, width=1e-5)
+    for name in pruned:
+        for p, q in zip(pruned[name].parts(), kept[name].parts()):
+            fin = torch.isfinite(q)
+            assert torch.equal(torch.isfinite(p), fin), name
+            assert torch.allclose(p[fin], q[fin], rtol=1e-12, atol=1e-15), name
+
+    def broken(f: Z.Form) -> Z.Form:  # also drops the least nonzero row: caught
+        g = orig(f)
+        return _drop_smallest(g) if g.kd > 1 else g
+    with monkeypatch.context() as m:
+        m.setattr(Z.Form, "without_zero_rows", broken)
+        bad = _graph_boxes(graph, kernel=FP8, width=1e-5)
+    assert any(not torch.allclose(p, q, rtol=1e-12, atol=1e-15) for name in bad
+               for p, q in zip(bad[name].parts(), kept[name].parts()))

@@ -105,7 +105,7 @@ FP8 = {"weights": {"format": "fp8_e4m3", "scale": "per_channel"},
 def _graph_boxes(graph, local: bool = True, kernel: dict | None = None,
                  width: float = 0.05) -> dict:
     from kcverify.bounds.box import Box
-    from kcverify.bounds.engine import expanded, input_box, load_rules, run_graph
+    from kcverify.bounds.engine import ZonotopeRun, expanded, input_box, load_rules, run_graph
     from kcverify.kernels.spec import parse_kernel_spec
     from tests.soundness._helpers import TRAIN
 
@@ -117,7 +117,7 @@ def _graph_boxes(graph, local: bool = True, kernel: dict | None = None,
     zt = Z.ZonoTrack(local=local)
     state = {"x": input_box(TRAIN, spec, lo, hi)}
     res = run_graph(expanded(graph, "zonotope"), TRAIN, spec, state, "zonotope",
-                    torch.device("cpu"), keep=set(every), zono=zt)
+                    torch.device("cpu"), keep=set(every), runs=(ZonotopeRun(zt),))
     return {k: v for k, v in res.items() if isinstance(v, Box) and k in every}
 
 

@@ -3,6 +3,7 @@
     python bench/bounds.py [--models tiny_decoder,tiny_encoder] [--device cpu]
                            [--contracts examples/contracts/w8-decoder.yaml,...] [--programs 3]
                            [--domains interval,best] [--batch 1] [--seq 16] [--eps 0]
+                           [--cut segments|whole]
 
 It prints the machine, then for each kernel pair (contract: default weight-only fp8 and the
 fp8-deploy demo with fp8 activations), model and domain:
@@ -25,6 +26,8 @@ analysis run (one case of one input for a relational domain).
 Figures are medians over the batch; 'inf' means the domain gave no finite bound. Domains:
 interval (per block), linear (the whole graph as one block: intervals, symbolic intervals and
 the zonotope, so forms span every layer), best (per block: all three; what certificates store).
+--cut whole bounds the whole graph as one block with every domain (``certify_drift(...,
+cut="whole")``: what `prove --blocks whole|auto` runs per input; docs/bounds.md "Speed").
 The kernels come from each contract (default: weight-only fp8 and the fp8-deploy demo).
 """
 
@@ -145,6 +148,8 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=0,
                     help="also bound each point input by cases (kcverify/bounds/cases.py) with "
                          "at most this many leaves per input, in each domain (0: no)")
+    ap.add_argument("--cut", default="segments", choices=("segments", "whole"),
+                    help="the blocks bounded: the segmenter's, or the whole graph as one block")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: with more, small tensors mostly measure BLAS/OpenMP "
                          "start-up, for the forward pass and the bounds alike)")
@@ -169,7 +174,8 @@ def unstable_text(res) -> str:
 
 def bench_contract(args, train, inf) -> None:
     print(f"device {args.device}, torch threads {torch.get_num_threads()}, batch {args.batch}, "
-          f"seq {args.seq}, region eps {args.eps}, load average {os.getloadavg()[0]:.1f}")
+          f"seq {args.seq}, region eps {args.eps}, cut {args.cut}, "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'model':<14}{'domain':<10}{'ort s':>9}{'fwd s':>9}{'cert s':>9}{'cpu s':>9}"
           f"{'time/ort':>10}{'cpu/ort':>10}"
           f"{'time/fwd':>10}{'bound':>11}{'falsifier':>11}{'cert/fals':>10}{'sep/diff':>10}"
@@ -195,13 +201,14 @@ def bench_contract(args, train, inf) -> None:
             dts, cpus = [], []
             for _ in range(2 if domain == "interval" else 1):  # a second, warm interval run
                 t, c = time.perf_counter(), time.process_time()
-                res = certify_drift(graph, train, inf, feeds, domain=domain, device=args.device)
+                res = certify_drift(graph, train, inf, feeds, domain=domain, device=args.device,
+                                    cut=args.cut)
                 dts.append(time.perf_counter() - t)
                 cpus.append(time.process_time() - c)
             dt, cpu = min(dts), min(cpus)
             if args.eps > 0:
                 box = certify_drift(graph, train, inf, feeds, region=region, domain=domain,
-                                    device=args.device).linf
+                                    device=args.device, cut=args.cut).linf
                 box_txt = f"{med(box):>11.4g}{ratio(box_sep, box):>13.4g}"
             else:
                 box_txt = ""

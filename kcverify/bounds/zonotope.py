@@ -103,6 +103,7 @@ from kcverify.kernels.spec import KernelSpec
 U64 = 2.0**-53
 TINY = 2.0**-1000
 F64 = torch.float64
+PRUNE_ZERO_ROWS = True  # matmul operands drop all-zero rows (the same set; False: keep them)
 K_MAX = 16384           # symbols one form may keep (order reduction beyond)
 ELEMENT_BUDGET = 2**24  # and at most this many generator entries (k * numel) per form
 
@@ -162,9 +163,8 @@ class Form:
             if self.L is None:
                 self._dense = (self.Gd, self.idsd, False)
             else:
-                Ld, lids = local_to_dense(self.L, self.lb, self.P)
-                self._dense = _merge_rows([self.Gd.expand(self.kd, *self.shape), Ld],
-                                          [self.idsd, lids])
+                self._dense = _dense_writing(self.Gd.expand(self.kd, *self.shape), self.idsd,
+                                             self.L, self.lb, self.P)
         return self._dense
 
     def _dense_view(self, i: int) -> torch.Tensor:
@@ -247,16 +247,7 @@ class Form:
         """Upper bound of sum_s |G[s]| over both parts (float64 sum error included: the two
         parts' sums and their addition are one order of summing kd + kl terms)."""
         if self._gs is None:  # forms are never modified in place: computed once
-            kd, kl = self.kd, self.kl
-            if kd + kl == 0:
-                self._gs = torch.zeros_like(self.c)
-            elif kl == 0:
-                self._gs = _l1(self.Gd) * (1 + (kd + 2) * U64) + TINY
-            else:
-                acc = _l1(self.L)
-                if kd:
-                    acc = acc + _l1(self.Gd)
-                self._gs = acc * (1 + (kd + kl + 2) * U64) + TINY
+            self._gs = _gsum(self.c, self.Gd, self.L)
         return self._gs
 
     def rad(self) -> torch.Tensor:
@@ -285,6 +276,31 @@ class Form:
             return self
         return self.reshape((1,) * extra + self.shape)
 
+    def without_zero_rows(self) -> Form:
+        """The same form without the symbols whose coefficients are all zero (dense rows, local
+        kinds): the same set exactly (0 * eps = 0). A matmul's cast operand (``_matmul_core``)
+        is the dense writing of its local kinds (one row per kind and position, zero off that
+        position) with the rows picked per element (the image box, a point or a new flip zero
+        an element's rows): on the fp8-deploy decoder most of its rows are zero, and every later
+        op and sum ran over them. ``gsum`` is kept when known: it bounds the same sum (the
+        dropped rows add exact zeros). Bounds downstream change only by the float64 roundings
+        of shorter sums, and where a cost limit counted zero rows (``binpoly.ROWS_MAX``: an
+        exact product instead of its linearisation): both sound. ``PRUNE_ZERO_ROWS``."""
+        kd, kl = self.kd, self.kl
+        keep_d = _nonzero_rows(self.Gd) if kd else None
+        keep_l = _nonzero_rows(self.L) if kl else None
+        if ((keep_d is None or bool(keep_d.all())) and (keep_l is None or bool(keep_l.all()))):
+            return self
+        Gd, idsd = self.Gd, self.idsd
+        if keep_d is not None and not bool(keep_d.all()):
+            Gd, idsd = Gd[keep_d], idsd[keep_d.to(idsd.device)]
+        L, lb = self.L, self.lb
+        if keep_l is not None and not bool(keep_l.all()):
+            L, lb = L[keep_l], lb[keep_l.to(lb.device)]
+        out = Form(self.c, Gd, self.r, idsd, L, lb, self.P)
+        out._gs = self._gs
+        return out
+
     def cap(self, m: int) -> Form:
         """At most m rows (dense symbols + local kinds): the rows of least total magnitude are
         folded into r (sound: |g eps| <= |g|; other tensors may keep those symbols)."""
@@ -310,6 +326,27 @@ class Form:
                     self.lb[kl_keep.to(self.lb.device)], self.P)
 
 
+def _nonzero_rows(G: torch.Tensor) -> torch.Tensor:
+    """Per row (symbol axis first), whether some coefficient is not zero (NaN counts)."""
+    return G.reshape(int(G.shape[0]), -1).any(1)
+
+
+def _gsum(c: torch.Tensor, Gd: torch.Tensor, L: torch.Tensor | None,
+          rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Form.gsum of the form with dense part ``Gd`` (only its rows ``rows``, when given: the
+    same number as the form of those rows, without copying them out) and local part ``L``."""
+    kd = int(Gd.shape[0]) if rows is None else int(rows.numel())
+    kl = 0 if L is None else int(L.shape[0])
+    if kd + kl == 0:
+        return torch.zeros_like(c)
+    if kl == 0:
+        return _l1(Gd, rows=rows) * (1 + (kd + 2) * U64) + TINY
+    acc = _l1(L)
+    if kd:
+        acc = acc + _l1(Gd, rows=rows)
+    return acc * (1 + (kd + kl + 2) * U64) + TINY
+
+
 def local_to_dense(L: torch.Tensor, lb: torch.Tensor, P: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """The local part written densely: the row of symbol lb[j] + t is L[j] where P == t and 0
@@ -324,16 +361,53 @@ def local_to_dense(L: torch.Tensor, lb: torch.Tensor, P: torch.Tensor
     return Ld[order.to(Ld.device)], lids[order]
 
 
+def _dense_writing(Gd: torch.Tensor, idsd: torch.Tensor, L: torch.Tensor, lb: torch.Tensor,
+                   P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``_merge_rows([Gd, local_to_dense(L, lb, P)])`` written in one pass (the same rows, ids
+    and flag): one zeroed result, the dense rows copied to their sorted places and each local
+    coefficient L[j, e] scattered to row (kind j, position P[e]), instead of the kinds times
+    positions masked products, their reordering, the join and its reordering (four copies of
+    the dense writing; profile in docs/bounds.md "Speed"). Entries are copies of L, Gd or zero
+    (an entry the masked product wrote as L * 0 = -0.0 is +0.0 here: the same number)."""
+    shape = tuple(L.shape[1:])
+    kd, kl = int(idsd.numel()), int(L.shape[0])
+    P = P.expand(shape)
+    tv = torch.unique(P)
+    lids = (lb.reshape(-1, 1) + tv.to(lb.device).reshape(1, -1)).reshape(-1)
+    u, inv = torch.unique(torch.cat([idsd, lids]), return_inverse=True)
+    if u.numel() != kd + lids.numel():  # a symbol in both parts: its rows are added
+        Ld, lids = local_to_dense(L, lb, P)
+        return _merge_rows([Gd, Ld], [idsd, lids])
+    numel = math.prod(shape)
+    out = torch.zeros((int(u.numel()), numel), dtype=L.dtype, device=L.device)
+    inv = inv.to(L.device)
+    if kd:
+        out[inv[:kd]] = Gd.reshape(kd, numel)
+    tpos = torch.searchsorted(tv, P.reshape(-1).contiguous())  # each element's position's index in tv
+    rows = inv[kd:].reshape(kl, int(tv.numel()))[:, tpos.to(L.device)]
+    out.scatter_(0, rows, L.reshape(kl, numel))
+    return out.reshape(-1, *shape), u, False
+
+
 def _merge_rows(Gs: list[torch.Tensor], idss: list[torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Rows of several blocks joined by symbol id (sorted), and whether some symbol was in two
-    blocks (its rows were added: rounded, see Form.dense)."""
+    blocks (its rows were added: rounded, see Form.dense). Distinct ids: each block is copied
+    once to its sorted places (no join and reordering: two copies of the result)."""
     ids = torch.cat(idss)
-    G = torch.cat(Gs, 0)
     u, inv = torch.unique(ids, return_inverse=True)
     if u.numel() == ids.numel():
-        order = torch.argsort(ids)
-        return G[order.to(G.device)], ids[order], False
+        shape = Gs[0].shape[1:]
+        out = torch.empty((int(u.numel()), *shape), dtype=Gs[0].dtype, device=Gs[0].device)
+        inv = inv.to(out.device)
+        start = 0
+        for G, i in zip(Gs, idss):
+            n = int(i.numel())
+            if n:
+                out[inv[start:start + n]] = G
+            start += n
+        return out, u, False
+    G = torch.cat(Gs, 0)
     out = torch.zeros((u.numel(), *G.shape[1:]), dtype=G.dtype, device=G.device)
     out.index_add_(0, inv.to(G.device), G)
     return out, u, True
@@ -581,8 +655,7 @@ def _bin_mask(zt: ZonoTrack, ids: torch.Tensor) -> torch.Tensor:
 def _cont_rad(f: Form, bm: torch.Tensor) -> torch.Tensor:
     """An upper bound of the form's continuous part: every symbol but the binary rows ``bm``
     of its dense part (the local part is never binary), plus r."""
-    part = Form(f.c, f.Gd[bm.logical_not().to(f.Gd.device)], f.r, f.idsd[~bm], f.L, f.lb, f.P)
-    return part.rad()
+    return pad_hi(_gsum(f.c, f.Gd, f.L, torch.nonzero(~bm).reshape(-1)) + f.r)
 
 
 ROW_BUDGET = True  # past ROWS_MAX binary rows: keep the largest exact, the rest linear
@@ -2182,6 +2255,9 @@ def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
         fb, b_lo, b_hi, sb = _cast_operand(zt, ctx, spec, b, box_b, k, bw, "right", -1, -2, axes[1])
         if isinstance(fa, torch.Tensor) and isinstance(fb, torch.Tensor):
             return None
+        if PRUNE_ZERO_ROWS:  # the same sets without the all-zero rows the casts left
+            fa = fa.without_zero_rows() if isinstance(fa, Form) else fa
+            fb = fb.without_zero_rows() if isinstance(fb, Form) else fb
         # the cast errors as symbols: one straddled rounding moves a whole row/column together
         fa = zt.fresh(fa) if isinstance(fa, Form) and not after else fa
         fb = zt.fresh(fb) if isinstance(fb, Form) else fb

@@ -142,7 +142,7 @@ CASES = {
 # the committed levers of 90158fe, as module attributes: BOX_LOOSER (4.0; 0 replaces every
 # finite element's form by its box's, the strongest test of box_where_looser's soundness),
 # ROW_BUDGET (on since e260e9a at ROWS_MAX 512) with a small binpoly.ROWS_MAX (the largest rows
-# exact, the rest continuous). The softmax row-sum meet has no switch: it runs in every setting.
+# exact, the rest continuous). (The softmax row-sum meet was removed in 971f876.)
 KNOBS: dict[str, dict] = {
     "default": {},
     "box-always": {"BOX_LOOSER": 0.0},

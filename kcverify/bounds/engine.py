@@ -230,7 +230,7 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
     st: dict[str, Any] = dict(state)
     for name, arr in graph.initializers.items():
         if name not in st:
-            st[name] = Concrete(torch.as_tensor(np.array(arr)).to(dev))
+            st[name] = Concrete(_initializer_tensor(arr).to(dev))
     outs = {v.name for v in graph.outputs} | set(keep or ())
     last_use: dict[str, int] = {}
     for k, n in enumerate(graph.nodes):
@@ -290,6 +290,36 @@ def infinite_drift(b: Box) -> Box:
     return Box(b.tl, b.th, b.il, b.ih, dl, dh)
 
 
+# ops whose axes count the output's dimensions (Unsqueeze), or may be an end point (Flatten: r)
+_AXES_OF_OUTPUT = frozenset({"Unsqueeze"})
+
+
+def _initializer_tensor(arr: Any) -> torch.Tensor:
+    """An initializer as a torch tensor of its own type (bfloat16 arrays, ml_dtypes', which
+    torch does not read, through their exact float32 values)."""
+    a = np.array(arr)
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
+    return torch.as_tensor(a)
+
+
+def _check_axes(n, ins: list, opset: int) -> None:
+    """Refuse an ``axis`` / ``axes`` attribute outside [-r, r) of the first input's rank r (an
+    invalid model that no runtime executes: the rules would bound ``axis % r``)."""
+    x = ins[0] if ins else None
+    if x is None or n.op_type in _AXES_OF_OUTPUT:
+        return
+    r = len(x.value.shape if isinstance(x, Concrete) else x.tl.shape)
+    for name in ("axis", "axes"):
+        v = n.attrs.get(name)
+        vals = [v] if isinstance(v, int) else list(v) if isinstance(v, (list, tuple)) else []
+        top = r + 1 if n.op_type == "Flatten" else r
+        bad = [a for a in vals if isinstance(a, int) and not -r <= a < top]
+        if bad:
+            raise BoundError(f"{n.op_type} node {n.name!r} (opset {opset}): attribute {name!r} = "
+                             f"{v!r} is outside [-{r}, {top}) for its rank-{r} input")
+
+
 def _dispatch(graph: Graph, n, ins: list, rd: str, ctx: RuleCtx, separate: bool) -> tuple:
     where = f"{n.op_type} node {n.name!r}"
     present = [x for x in ins if x is not None]
@@ -314,6 +344,7 @@ def _dispatch(graph: Graph, n, ins: list, rd: str, ctx: RuleCtx, separate: bool)
         raise BoundError(f"{where} (opset {graph.opset}): no rule for domain {rd!r}; "
                          f"registered: {', '.join(registered(rd))}")
     check_attributes(n, rd, graph.opset)
+    _check_axes(n, ins, graph.opset)
 
     def had_inf() -> bool:  # asked only when a result holds NaN (inf - inf is then legitimate)
         return any((isinstance(x, Box) and not all(bool(torch.isfinite(p).all()) for p in x.parts()))

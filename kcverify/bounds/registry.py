@@ -30,6 +30,7 @@ live in ``CONCRETE_OPS`` (shape.py).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -303,6 +304,16 @@ def check_attributes(node: Node, domain: str, opset: int) -> None:
             raise BoundError(f"{node.op_type} node {node.name!r} (opset {opset}): attribute "
                              f"{name!r} = {_plain(value)!r} is not handled by its {domain} bound "
                              f"rule (handled values: {', '.join(repr(v) for v in values)})")
+        # a bounded op's float attribute (a scale, a slope, an epsilon) is a finite number and
+        # an epsilon is not negative: a NaN alpha makes every program's output NaN, a negative
+        # epsilon may take a square root of a negative number; neither is bounded
+        floats = [value] if isinstance(value, float) else (
+            [v for v in value if isinstance(v, float)] if isinstance(value, (list, tuple)) else [])
+        if not all(math.isfinite(v) for v in floats) or (name == "epsilon" and floats
+                                                           and min(floats) < 0):
+            raise BoundError(f"{node.op_type} node {node.name!r} (opset {opset}): attribute "
+                             f"{name!r} = {_plain(value)!r}; expected a finite number"
+                             f"{' >= 0' if name == 'epsilon' else ''}")
 
 
 def _plain(v: Any) -> Any:

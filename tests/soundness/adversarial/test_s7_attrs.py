@@ -300,10 +300,8 @@ def _one_line(msg: str) -> bool:
 
 
 # fixed: CastLike (F1 s7, cast to like's type) and LeakyRelu alpha < 0 (F3 s7), lead's commit
-XFAIL: dict[str, str] = {
-    # a bf16 initializer stops the engine with a TypeError (torch.as_tensor of ml_dtypes)
-    "CastLike-bf16": "F5 s7: a bf16 initializer: TypeError in engine.run_graph",
-}
+# and a bf16 initializer (F5 s7, engine._initializer_tensor)
+XFAIL: dict[str, str] = {}
 
 
 def _mark(case: AttrCase):

@@ -89,7 +89,6 @@ def test_f4_layernorm_mean_output_is_not_a_crash() -> None:
                                               domain="interval"))
 
 
-@pytest.mark.xfail(strict=True, reason="F5 s7: a bf16 initializer: TypeError")
 def test_f5_bfloat16_initializer_is_not_a_crash() -> None:
     """CastLike(x, like) with ``like`` a bfloat16 initializer (ml_dtypes, as onnx's
     numpy_helper reads it): engine.run_graph's torch.as_tensor raises TypeError ("can't convert
@@ -105,7 +104,6 @@ def test_f5_bfloat16_initializer_is_not_a_crash() -> None:
                                               domain="interval"))
 
 
-@pytest.mark.xfail(strict=True, reason="F6 s7: Gemm alpha = NaN bounded as 0")
 @pytest.mark.parametrize("domain", ["interval", "best"])
 def test_f6_gemm_nan_alpha(domain: str) -> None:
     """Gemm(a, w, alpha = NaN): every program (onnxruntime) gives NaN; the box claims
@@ -148,8 +146,13 @@ INVALID = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="F7 s7: invalid attribute values bounded / crash")
-@pytest.mark.parametrize("case", sorted(INVALID))
+# open: axes / steps given as inputs (opset 18 ReduceMean, Slice) are the executor's to check
+F7_OPEN = {"ReduceMean-axes3", "Slice-step0"}
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="F7 s7: invalid input values"))
+    if c in F7_OPEN else c for c in sorted(INVALID)])
 def test_f7_invalid_attribute_values_are_refused(case: str) -> None:
     build, shape = INVALID[case]
     m = build()

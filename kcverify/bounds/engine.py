@@ -745,6 +745,13 @@ def certify_drift(graph: Graph, train_spec: KernelSpec, inf_spec: KernelSpec, fe
     with diagnostics.collecting(batch) as diag:
         _run_blocks(blks, needed_later, state, records, method, train_spec, inf_spec, domain,
                     device, region_tensors, progress, plan, node_progress)
+    missing = [v.name for v in graph.outputs if v.name not in state]
+    if missing:
+        made = {o: n for n in graph.nodes for o in n.outputs}
+        n = made.get(missing[0])
+        by = (f" ({n.op_type} node {n.name!r} output {list(n.outputs).index(missing[0])}: its "
+              "rule bounds only its first outputs)") if n is not None else ""
+        raise BoundError(f"graph output {missing[0]!r} is not bounded{by}")
     outputs = {v.name: state[v.name] for v in graph.outputs}
     linf = np.zeros(batch)
     from kcverify.models.blocks import sample_axes

@@ -78,7 +78,6 @@ def test_f2_gemm_transA_on_batched_activation_is_not_a_crash() -> None:
                                               domain="interval"))
 
 
-@pytest.mark.xfail(strict=True, reason="F4 s7: LayerNormalization Mean output: KeyError")
 def test_f4_layernorm_mean_output_is_not_a_crash() -> None:
     """LayerNormalization with its optional Mean and InvStdDev outputs as graph outputs: the
     engine raises KeyError('y1') (no state for them) instead of bounding or refusing."""

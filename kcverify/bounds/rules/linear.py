@@ -64,6 +64,7 @@ from kcverify.bounds.casts import (
 )
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
 from kcverify.bounds.rules import cache
+from kcverify.errors import BoundError
 from kcverify.kernels.formats import gamma, get_format
 from kcverify.kernels.spec import KernelSpec
 
@@ -528,6 +529,14 @@ def gemm(ctx: RuleCtx, a, b, c=None) -> Box:
     def tr_axis(a, flag: int):
         return 1 - a if flag and isinstance(a, int) and not isinstance(a, bool) else a
     ax = (tr_axis(ctx.sample_axis(0), ta), tr_axis(ctx.sample_axis(1), tb))
+    dynamic = any(s.activations is not None and s.activations.scale.startswith("dynamic")
+                  for s in ctx.kernels)
+    if dynamic and (ctx.batch or 1) > 1 and (ax[0] == 1 or ax[1] == 0):
+        # A' B' contracts over the samples: each sample's own activation scale multiplies a
+        # different term of every dot product; not modelled (F2 s7: the enclosures disagreed)
+        raise BoundError(f"Gemm node {ctx.node.name!r}: the product contracts over the sample "
+                         "axis (transA / transB on a batched activation) under a dynamic "
+                         "activation scale; not supported")
     # per-channel weights: the output feature is B's axis 0 when transB (before transposing)
     y = matmul_box(ctx, tr(a, ta), tr(b, tb), aw, bw, axes=ax)
     if alpha != 1.0:

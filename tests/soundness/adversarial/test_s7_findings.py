@@ -62,7 +62,6 @@ def _refused_or_bounded(fn) -> None:
         assert "\n" not in str(e).strip()
 
 
-@pytest.mark.xfail(strict=True, reason="F2 s7: batch-mixing Gemm transA: InternalError")
 def test_f2_gemm_transA_on_batched_activation_is_not_a_crash() -> None:
     """Gemm(a, w, transA=1) with the graph input a of shape (6, 2) (axis 0 the batch: the
     product mixes the samples). Either bounded or refused with one line; the interval rule

@@ -945,7 +945,7 @@ def f_smooth(a: Form, lo: torch.Tensor, hi: torch.Tensor, f: Callable, df: Calla
 def _walsh_groups(zt: ZonoTrack, a: Form, bm: torch.Tensor, extra: tuple[int, ...] = ()):
     """Per group of elements with one support V (binpoly.Groups): (V, flat element indices,
     the values x_sigma on V's 2^k sign vectors (2^k, E), and the continuous part's radius w
-    (E,), the float64 error of x_sigma included)."""
+    (E,), the float64 error of x_sigma included, and that error's bound alone (E,))."""
     Gb = a.Gd[bm.to(a.Gd.device)]
     ids = a.idsd[bm].tolist()
     groups = binpoly.Groups(zt.mono, Gb, ids, extra)
@@ -957,8 +957,9 @@ def _walsh_groups(zt: ZonoTrack, a: Form, bm: torch.Tensor, extra: tuple[int, ..
         g = Gf[rows][:, els] if rows.numel() else Gf.new_zeros((0, int(els.numel())))
         xs = cf[els].unsqueeze(0) + chi @ g
         gab = g.abs().sum(0)
-        w = pad_hi(rc[els] + (int(rows.numel()) + 4) * U64 * (cf[els].abs() + gab)) + TINY
-        out.append((V, els, xs, w))
+        efp = pad_hi((int(rows.numel()) + 4) * U64 * (cf[els].abs() + gab)) + TINY
+        w = pad_hi(rc[els] + efp)
+        out.append((V, els, xs, w, efp))
     return groups, out
 
 
@@ -968,7 +969,7 @@ def _smooth_walsh(zt: ZonoTrack, a: Form, bm: torch.Tensor, lo: torch.Tensor, hi
     vectors (binpoly module doc): f(x) = sum_T fh_T chi_T + lam d + noise, d the continuous part
     of x, lam the mean of f'(x_sigma), noise max_sigma |f'(x_sigma) - lam| w + max_sigma R_sigma
     (R_sigma the mean-value remainder over [x_sigma - w, x_sigma + w]) + the dropped Walsh
-    terms + float64 errors. The other elements: the first-order expansion at the centre."""
+    terms + float64 errors, x_sigma's own times max |f'| near it included. The other elements: the first-order expansion at the centre."""
     bm = _row_budget(a.Gd, bm)
     if bm is None:
         return None
@@ -987,7 +988,7 @@ def _smooth_walsh(zt: ZonoTrack, a: Form, bm: torch.Tensor, lo: torch.Tensor, hi
     extra = pad_hi(R + 64 * U64 * f0.abs()).reshape(-1).clone()  # beyond |slope| r
     walsh = torch.zeros(numel, dtype=torch.bool)
     terms: dict[int, torch.Tensor] = {}
-    for V, els, xs, w in gs:
+    for V, els, xs, w, efp in gs:
         k = len(V)
         xl, xh = pad_lo(xs - w), pad_hi(xs + w)
         v0 = f(xs)
@@ -1008,6 +1009,9 @@ def _smooth_walsh(zt: ZonoTrack, a: Form, bm: torch.Tensor, lo: torch.Tensor, hi
         spread = (l0 - lbar).abs().amax(0)
         n = 1 << k
         fp = (k * (n + 2) + 64) * U64 * vmax + (n + 4) * U64 * l0.abs().amax(0) * w
+        # x - x_sigma is the continuous part d plus x_sigma's float64 error e (|e| <= efp):
+        # f'(xi) e is not in lam d, and |f'(xi)| <= |f'(x_sigma)| + dv
+        fp = fp + ((l0.abs() + dv).amax(0) * efp)
         noise = spread * w + Rs.amax(0) + dropped + fp
         noise = pad_hi(noise * (1 + 1e-12)) + TINY
         cen[els] = const
@@ -1883,7 +1887,7 @@ def _scale_table(zt: ZonoTrack, cs: Any, f: Form, bm: torch.Tensor, lo: torch.Te
     t_lo, t_hi, t_j, t_sg = [], [], [], []
     lo_f, hi_f = lo.reshape(-1), hi.reshape(-1)
     vals = []  # per group: the columns of U's sign vectors in its own enumeration
-    for V, els, xs, w in gs:
+    for V, els, xs, w, _ in gs:
         keep = cand[els]
         if not bool(keep.any()):
             continue
@@ -1963,7 +1967,7 @@ def _walsh_cast(zt: ZonoTrack, f: Form, bm: torch.Tensor, q_of: Callable, s_lo: 
     sl_f = s_lo.expand(shape).reshape(-1) if s_lo.numel() > 1 else s_lo.reshape(1)
     sh_f = s_hi.expand(shape).reshape(-1) if s_hi.numel() > 1 else s_hi.reshape(1)
     terms: dict[int, torch.Tensor] = {}
-    for V, els, xs, w in gs:
+    for V, els, xs, w, _ in gs:
         k = len(V)
         n = 1 << k
         if scale is not None:

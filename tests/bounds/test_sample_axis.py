@@ -131,3 +131,42 @@ def test_blocks_carry_their_inputs_sample_axes(encoder) -> None:
     axes = sample_axes(encoder)
     for b in segment(encoder):
         assert dict(b.sample_axes) == {i: axes[i] for i in b.inputs}
+
+
+def _product(op: str, x_shape: tuple, w: np.ndarray, x_first: bool, **attrs) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    ins = ["x", "w"] if x_first else ["w", "x"]
+    g = helper.make_graph([helper.make_node(op, ins, ["y"], name="p", **attrs)], "g", [x], [y],
+                          [numpy_helper.from_array(w, "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op,x_shape,w_shape,x_first,attrs,contracts", [
+    ("MatMul", (6, 2), (4, 6), False, {}, True),            # W x: sums over x's samples
+    ("MatMul", (2, 6), (6, 4), True, {}, False),            # x W: one row per sample
+    ("Gemm", (6, 2), (6, 4), True, {"transA": 1}, True),    # x' W
+    ("Gemm", (6, 2), (4, 6), False, {}, True),              # W x: x's k axis is its samples
+    ("Gemm", (2, 6), (4, 6), True, {"transB": 1}, False),   # x W'
+])
+def test_contraction_over_samples_is_refused(op, x_shape, w_shape, x_first, attrs,
+                                             contracts) -> None:
+    """A product that sums over the samples of a batched activation under a dynamic per-sample
+    scale is refused with one line (each term of a dot product carries another sample's scale:
+    the enclosures disagreed, InternalError); with the samples on a free axis, or with weights
+    alone cast, the same product is bounded."""
+    from kcverify.errors import BoundError
+
+    rng = np.random.default_rng(0)
+    w = (rng.normal(size=w_shape) * 0.5).astype(np.float32)
+    x = rng.normal(size=x_shape).astype(np.float32)
+    g = from_onnx(_product(op, x_shape, w, x_first, **attrs))
+    if contracts:
+        with pytest.raises(BoundError, match="contracts over the sample axis") as e:
+            certify_drift(g, FP32, FP8, {"x": x}, domain="interval")
+        assert "\n" not in str(e.value)
+    else:
+        certify_drift(g, FP32, FP8, {"x": x}, domain="interval")
+    w8 = parse_kernel_spec("inf", {"weights": {"format": "fp8_e4m3", "scale": "per_channel"},
+                                   "accumulate": "fp32", "compute": "fp32"})
+    certify_drift(g, FP32, w8, {"x": x}, domain="interval")  # no activation scale: bounded

@@ -345,6 +345,23 @@ def _weight_side(ctx: RuleCtx, b: Concrete, out_axis: int, k_axis: int) -> _Weig
     return cache.cached(ctx, b, ("matmul-weight", out_axis, k_axis), build)
 
 
+def _refuse_sample_contraction(ctx: RuleCtx, *sides: tuple) -> None:
+    """Refuse a product that contracts over the sample axis of a batched operand under a dynamic
+    activation scale: each sample's own scale then multiplies a different term of every dot
+    product, which the operand casts (one scale per sample row) do not model. MatMul(W, x) with
+    x (batch, k) and Gemm with transA / transB on a batched activation both reach it (F2 s7;
+    the enclosures disagreed: InternalError). ``sides``: (sample axis, rank, contracted axis)."""
+    if (ctx.batch or 1) <= 1 or not any(
+            s.activations is not None and s.activations.scale.startswith("dynamic")
+            for s in ctx.kernels):
+        return
+    for ax, rank, k_axis in sides:
+        if isinstance(ax, int) and not isinstance(ax, bool) and rank and ax % rank == k_axis % rank:
+            raise BoundError(f"{ctx.node.op_type} node {ctx.node.name!r}: the product contracts "
+                             "over the sample axis of a batched activation under a dynamic "
+                             "activation scale; not supported")
+
+
 def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
                b_out_axis: int = -1, b_k_axis: int = -2, axes: tuple | None = None) -> Box:
     """(Cast A) @ (cast B) accumulated in any order and rounded, for both kernels, with drift.
@@ -356,6 +373,7 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
     B = ws.box if ws is not None else ctx.lift(b)
     n = A.shape[-1]
     ax_a, ax_b = axes if axes is not None else (ctx.sample_axis(0), ctx.sample_axis(1))
+    _refuse_sample_contraction(ctx, (ax_a, len(A.shape), -1), (ax_b, len(B.shape), b_k_axis))
     vals, errs, ops = [], [], []
     for k, spec in enumerate(ctx.kernels):
         a_lo, a_hi = (A.tl, A.th) if k == 0 else (A.il, A.ih)
@@ -529,14 +547,6 @@ def gemm(ctx: RuleCtx, a, b, c=None) -> Box:
     def tr_axis(a, flag: int):
         return 1 - a if flag and isinstance(a, int) and not isinstance(a, bool) else a
     ax = (tr_axis(ctx.sample_axis(0), ta), tr_axis(ctx.sample_axis(1), tb))
-    dynamic = any(s.activations is not None and s.activations.scale.startswith("dynamic")
-                  for s in ctx.kernels)
-    if dynamic and (ctx.batch or 1) > 1 and (ax[0] == 1 or ax[1] == 0):
-        # A' B' contracts over the samples: each sample's own activation scale multiplies a
-        # different term of every dot product; not modelled (F2 s7: the enclosures disagreed)
-        raise BoundError(f"Gemm node {ctx.node.name!r}: the product contracts over the sample "
-                         "axis (transA / transB on a batched activation) under a dynamic "
-                         "activation scale; not supported")
     # per-channel weights: the output feature is B's axis 0 when transB (before transposing)
     y = matmul_box(ctx, tr(a, ta), tr(b, tb), aw, bw, axes=ax)
     if alpha != 1.0:

@@ -25,6 +25,7 @@ from kcverify.bounds.box import Box, Concrete, fsum, mag
 from kcverify.bounds.registry import Interval, RuleCtx, bound_rule
 from kcverify.kernels.formats import sum_error
 from kcverify.kernels.spec import KernelSpec
+from kcverify.models.ops._util import norm_axis
 
 
 def terms_exact(spec: KernelSpec) -> bool:
@@ -69,7 +70,8 @@ def _axes(ctx: RuleCtx, x: Box, axes) -> tuple[int, ...]:
         if int(ctx.attr("noop_with_empty_axes", 0)):
             return ()
         return tuple(range(len(x.shape)))
-    return tuple(sorted(int(a) % len(x.shape) for a in ax))
+    # an axis outside [-r, r) is refused (ValueError: one located line), never read as axis % r
+    return tuple(sorted({norm_axis(int(a), len(x.shape)) for a in ax}))
 
 
 def _reduce_sum(ctx: RuleCtx, x: Box, dims: tuple[int, ...], keep: bool, mean: bool) -> Box:

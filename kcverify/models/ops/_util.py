@@ -114,5 +114,11 @@ def int_tensor(values: Sequence[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.int64, device=device)
 
 
-def norm_axis(axis: int, rank: int) -> int:
+def norm_axis(axis: int, rank: int, inclusive: bool = False) -> int:
+    """``axis`` in [-rank, rank) (``inclusive``: [-rank, rank], Flatten's range) as a
+    non-negative axis; outside it a ValueError (every runtime refuses such a model: the axis is
+    never reinterpreted as axis % rank)."""
+    hi = rank + 1 if inclusive else rank
+    if not -rank <= axis < hi:
+        raise ValueError(f"axis {axis} outside [{-rank}, {hi}) for a rank-{rank} input")
     return axis + rank if axis < 0 else axis

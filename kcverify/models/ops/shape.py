@@ -132,7 +132,7 @@ def reshape(ctx: OpContext, x: torch.Tensor, shape_: torch.Tensor, *, allowzero:
 
 @register_op("Flatten", since_opset=1)
 def flatten(ctx: OpContext, x: torch.Tensor, *, axis: int = 1) -> torch.Tensor:
-    a = norm_axis(axis, x.dim())
+    a = norm_axis(axis, x.dim(), inclusive=True)
     return x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:]))
 
 
@@ -240,7 +240,11 @@ def _slice(x: torch.Tensor, starts: list[int], ends: list[int], axes: list[int],
         steps = [1] * len(starts)
     index: list[slice] = [slice(None)] * x.dim()
     backward: list[tuple[int, int, int, int]] = []
+    if len(set(norm_axis(a, x.dim()) for a in axes)) != len(axes):
+        raise ValueError(f"Slice axes {axes} repeat an axis")
     for s, e, a, st in zip(starts, ends, axes, steps):
+        if st == 0:
+            raise ValueError("Slice step 0 (ONNX: steps cannot be 0)")
         a = norm_axis(a, x.dim())
         dim = x.shape[a]
         s = s + dim if s < 0 else s

@@ -67,3 +67,16 @@ def test_every_rule_declares_its_attributes() -> None:
     assert not undeclared, f"rules without an attribute declaration: {undeclared}"
     for key, spec in ATTRS.items():
         assert spec == EXECUTOR or isinstance(spec, dict), (key, spec)
+
+
+@pytest.mark.parametrize("keepdims,shape", [(0, (1,)), (1, (1, 1)), (2, None)])
+def test_reduce_keepdims_values(keepdims: int, shape) -> None:
+    """keepdims is 0 or 1: onnxruntime reads 2 as 0 (drops the axis) where the rule read it as
+    true (kept it), so 2 is refused with one line."""
+    g = _graph("ReduceSum", opset=11, axes=[1], keepdims=keepdims)
+    x = {"x0": np.arange(4, dtype=np.float32)[None]}
+    if shape is None:
+        with pytest.raises(BoundError, match="'keepdims' = 2"):
+            certify_drift(g, TRAIN, INF, x, domain="interval")
+    else:
+        assert certify_drift(g, TRAIN, INF, x, domain="interval").outputs["y"].shape == shape

@@ -58,7 +58,8 @@ def partial_overflow(spec: KernelSpec, n: int, pos: torch.Tensor, neg: torch.Ten
 
 
 # axes as an attribute (before opsets 13 / 18) or an input; keepdims; noop_with_empty_axes
-REDUCE_ATTRS = ("axes", "keepdims", "noop_with_empty_axes")
+# keepdims / noop_with_empty_axes are 0 or 1 (onnxruntime reads keepdims = 2 as 0: refused)
+REDUCE_ATTRS = {"axes": None, "keepdims": (0, 1), "noop_with_empty_axes": (0, 1)}
 
 
 def _axes(ctx: RuleCtx, x: Box, axes) -> tuple[int, ...]:

@@ -89,6 +89,21 @@ class _Run:
     decisions: list[dict[Site, dict[int, Decision]]]  # per batch row
     seen: dict[Site, Unstable] = field(default_factory=dict)
     used: list[set[tuple[Site, int]]] = field(default_factory=list)
+    # the zonotope's base binary symbols (straddles it kept as symbols): id -> (site, element),
+    # and the run's ZonoTrack (its forms at the end); a diagnostic for choosing splits only
+    bases: dict[int, tuple[Site, int]] = field(default_factory=dict)
+    track: Any = None
+
+
+def note_bases(track: Any, site: Site, ids: list[int], elements: list[int]) -> None:
+    """The zonotope made binary symbols ``ids`` for straddled casts of ``elements`` (flat
+    indices in the operand, a batch of 1) at ``site`` (zonotope.ZonoTrack.binary_symbols)."""
+    run = _ACTIVE.get()
+    if run is None or len(run.decisions) != 1:
+        return
+    run.track = track
+    for i, e in zip(ids, elements):
+        run.bases[int(i)] = (site, int(e))
 
 
 _ACTIVE: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("kcverify_cases",
@@ -321,6 +336,60 @@ def bound_leaf(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], path: li
     return float(res.linf[0]), left
 
 
+def drivers(run: _Run, outputs: list[str], bad: dict[str, torch.Tensor]
+            ) -> dict[tuple[Site, int], float]:
+    """The straddled elements behind the output elements ``bad`` (per output, a mask of its
+    shape): per base binary symbol the zonotope kept at the end of ``run`` (note_bases), the sum
+    over the drift forms' binary rows whose support holds it of |coefficient| at the bad
+    elements, keyed by (site, element). A heuristic for where to split (the split itself is
+    checked where it is applied, whatever chose it); empty when the run kept no base symbol or
+    the outputs have no forms."""
+    zt = run.track
+    if zt is None or not run.bases:
+        return {}
+    binset = set(zt._bin)
+    score: dict[int, float] = {}
+    for name in outputs:
+        z = zt.forms.get(name)
+        if z is None or name not in bad or not bool(bad[name].any()):
+            continue
+        m = bad[name].reshape(-1).to(z.i.c.device)
+        rows: dict[int, torch.Tensor] = {}
+        for sign, f in ((1.0, z.i.dense()), (-1.0, z.t.dense())):
+            G = f.G.reshape(f.G.shape[0], -1)
+            for r, i in enumerate(f.ids.tolist()):
+                if i in binset:
+                    g = sign * G[r, m]
+                    rows[i] = rows[i] + g if i in rows else g
+        for i, g in rows.items():
+            w = float(g.abs().sum())
+            if w > 0:
+                for j in zt.mono.support.get(i, (i,)):
+                    score[j] = score.get(j, 0.0) + w
+    return {run.bases[j]: w for j, w in score.items() if j in run.bases}
+
+
+def _choose(path: list[Decision], seen: dict[Site, list[tuple[int, float, float]]],
+            weights: dict[tuple[Site, int], float], order: dict[str, int], per_split: int
+            ) -> tuple[Site, list[tuple[int, float, float]]] | None:
+    """The site and elements to split a case on: among the unstable elements the case's run saw
+    (``seen``: per site, unforced elements whose enclosure holds two adjacent values) at sites no
+    earlier in graph order than the path's last decision (check_tree's order), those with a
+    weight in the bad outputs' forms (``weights``, drivers), at the earliest such site, the
+    ``per_split`` heaviest; without weights, the first such site's first elements."""
+    last = max((order[d.site[0]] for d in path), default=-1)
+    open_sites = sorted((s for s, els in seen.items() if els and order.get(s[0], -1) >= last),
+                        key=lambda s: order[s[0]])
+    for site in open_sites:
+        heavy = [e for e in seen[site] if weights.get((site, e[0]), 0.0) > 0]
+        if heavy:
+            heavy.sort(key=lambda e: -weights[(site, e[0])])
+            return site, heavy[:per_split]
+    if open_sites and not weights:
+        return open_sites[0], seen[open_sites[0]][:per_split]
+    return None
+
+
 @dataclass
 class CaseResult:
     """Per input: the certified bound (max over the leaves), the leaves' decision paths, and
@@ -336,15 +405,25 @@ class CaseResult:
 
 def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_leaves: int = 64,
                   per_split: int = 3, domain: str = "interval", device: str = "cpu",
-                  progress: Any = None) -> CaseResult:
+                  progress: Any = None, threshold: float | None = None) -> CaseResult:
     """Drift bound of each input (a point) by cases over its unstable casts (module doc).
 
     Per input, a frontier of cases (decision paths) starts at the empty path; each round bounds
-    every case of every input in one batched run of ``domain`` over the whole graph, then
-    splits each case at the first site (in graph order) where unstable elements remain, on up to
-    ``per_split`` of them (2^k children), while the input's leaves stay <= ``max_leaves``. A case
-    left unsplit (no unstable element, or the budget spent) is a leaf. The bound of an input is
-    the max over its leaves: every conforming pair of programs lies in exactly one leaf."""
+    every open case (the interval domain in one batched run per round, a relational domain one
+    case at a time, the whole graph as one block), then splits each case on up to ``per_split``
+    unstable elements of one site (2^k children), while the input's leaves stay <=
+    ``max_leaves``. A case left unsplit is a leaf. The bound of an input is the max over its
+    leaves: every conforming pair of programs lies in exactly one leaf.
+
+    Without ``threshold``: every case is split at the first site (graph order) where unstable
+    elements remain. With ``threshold`` (clause-directed): a case whose bound is <= threshold is a
+    leaf; one above it is split only on the elements that drive its bad output elements (those
+    whose drift bound exceeds the threshold): the straddles the zonotope kept as base binary
+    symbols that the bad elements' drift forms depend on (``drivers``), at the earliest such
+    site no earlier than the path's last decision, the heaviest first (``_choose``); the other
+    straddles stay binary symbols. Once a case of an input ends above the threshold with no
+    split left (or the budget spent), the input's other open cases are bounded but not split
+    further (its bound misses the threshold whatever they give)."""
     import time
 
     import numpy as np
@@ -355,10 +434,13 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
     names = list(feeds)
     batch = int(np.asarray(feeds[names[0]]).shape[0])
     blks = whole_graph(graph)
+    order = site_order(graph)
+    outs = [v.name for v in graph.outputs]
     paths: list[list[list[Decision]]] = [[[]] for _ in range(batch)]
     final: list[list[bool]] = [[False] for _ in range(batch)]
     linf: list[list[float]] = [[float("inf")] for _ in range(batch)]
     left: list[list[int]] = [[0] for _ in range(batch)]
+    lost = [False] * batch  # threshold mode: a leaf of the input ended above it
     runs = 0
     while True:
         todo = [(i, j) for i in range(batch) for j in range(len(paths[i])) if not final[i][j]]
@@ -370,7 +452,7 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
         # domain (best, zonotope) one case at a time (its forms are per input)
         size = batch if domain == "interval" else 1
         groups = [todo[k:k + size] for k in range(0, len(todo), size)]
-        seen: list[Any] = []
+        choice: list[Any] = []
         for grp in groups:
             rows = np.array([i for i, _ in grp])
             fd = {k: np.asarray(v)[rows] for k, v in feeds.items()}
@@ -380,17 +462,35 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
             for b, (i, j) in enumerate(grp):
                 linf[i][j] = float(res.linf[b])
                 left[i][j] = int(res.unstable_casts[b]) if res.unstable_casts is not None else 0
-                seen.append(next(((s, u.rows[b]) for s, u in run.seen.items() if u.rows[b]),
-                                 None))
+                if threshold is None:
+                    choice.append(next(((s, u.rows[b]) for s, u in run.seen.items()
+                                        if u.rows[b]), None))
+                    continue
+                if linf[i][j] <= threshold:
+                    choice.append(None)
+                    continue
+                seen = {s: u.rows[b] for s, u in run.seen.items()}
+                weights: dict[tuple[Site, int], float] = {}
+                if len(grp) == 1:
+                    bad = {}
+                    for nm in outs:
+                        db = res.outputs.get(nm)
+                        if db is not None:
+                            d = np.maximum(np.abs(db.drift_lo[b]), np.abs(db.drift_hi[b]))
+                            bad[nm] = torch.as_tensor(d > threshold)
+                    weights = drivers(run, outs, bad)
+                choice.append(_choose(paths[i][j], seen, weights, order, per_split))
             runs += 1
             if progress is not None:
                 progress(runs, sum(len(p) for p in paths))
         grown: dict[int, list[tuple[int, list[list[Decision]]]]] = {}
         for b, (i, j) in enumerate(todo):
-            first = seen[b]
+            first = choice[b]
             room = max_leaves - len(paths[i]) - sum(len(k) - 1 for _, k in grown.get(i, []))
-            if first is None or room < 1:
+            if first is None or room < 1 or lost[i]:
                 final[i][j] = True
+                if threshold is not None and linf[i][j] > threshold:
+                    lost[i] = True
                 continue
             site, els = first
             kids = [paths[i][j]]
@@ -401,14 +501,21 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
                 kids = [p + [Decision(site, idx, v, o)] for p in kids for v, o in ((a, c), (c, a))]
             if len(kids) == 1:
                 final[i][j] = True
+                if threshold is not None and linf[i][j] > threshold:
+                    lost[i] = True
                 continue
             grown.setdefault(i, []).append((j, kids))
         for i, splits in grown.items():
+            if lost[i]:  # an input already lost: its open cases stay leaves
+                continue
             for j, kids in sorted(splits, key=lambda t: -t[0]):
                 paths[i][j:j + 1] = kids
                 final[i][j:j + 1] = [False] * len(kids)
                 linf[i][j:j + 1] = [float("inf")] * len(kids)
                 left[i][j:j + 1] = [0] * len(kids)
+        for i in range(batch):  # a lost input's unsplit cases were bounded: leaves
+            if lost[i]:
+                final[i] = [True] * len(paths[i])
     return CaseResult(np.array([max(v) for v in linf]), paths,
                       np.array([sum(v) for v in left]), time.perf_counter() - t0, runs,
                       [list(v) for v in linf])

@@ -94,6 +94,7 @@ from typing import Any
 import torch
 
 from kcverify.bounds import binpoly
+from kcverify.bounds import cases as _cases
 from kcverify.bounds.binpoly import Monomials
 from kcverify.bounds.box import Box, Concrete, mag, mig, pad_hi, pad_lo
 from kcverify.bounds.cases import next_up
@@ -1152,8 +1153,10 @@ class ZonoTrack:
             ids = torch.cat([f.ids[old_keep], new_ids])
         return Form(f.c, G, r, ids)
 
-    def binary_symbols(self, f: Form, coef: torch.Tensor) -> Form:
-        """New binary symbols (values -1 or +1), one per element where ``coef`` != 0."""
+    def binary_symbols(self, f: Form, coef: torch.Tensor, site: Any = None) -> Form:
+        """New binary symbols (values -1 or +1), one per element where ``coef`` != 0. ``site``:
+        the cast site that made them (a straddle there), told to a proof by cases
+        (cases.note_bases: which ties an output's form depends on)."""
         idx = torch.nonzero(coef.reshape(-1) != 0).reshape(-1)
         cap = self.cap_for(f)
         if idx.numel() > cap:  # memory: the largest become symbols, the rest noise in r
@@ -1172,6 +1175,8 @@ class ZonoTrack:
         for i in new_ids.tolist():
             self._bin.append(i)
             self.mono.base(i)
+        if site is not None and _cases.active():
+            _cases.note_bases(self, site, new_ids.tolist(), idx.tolist())
         return Form(f.c, torch.cat([f.Gd.expand(f.kd, *f.shape),
                                     g_new.reshape(idx.numel(), *f.shape)], 0), f.r,
                     torch.cat([f.idsd, new_ids]), f.L, f.lb, f.P).cap(self.cap_for(f))
@@ -2239,7 +2244,8 @@ def _cast_operand(zt: ZonoTrack, ctx: RuleCtx, spec: KernelSpec, s: Any, box: Bo
     if plan is not None:
         new = (best == 2) & adj
         if bool(new.any()):
-            out = zt.binary_symbols(out, torch.where(new, g2, torch.zeros_like(g2)))
+            out = zt.binary_symbols(out, torch.where(new, g2, torch.zeros_like(g2)),
+                                    site=(ctx.node.name, side, spec.name))
     return out, c_lo, c_hi, sc
 
 

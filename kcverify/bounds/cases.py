@@ -369,6 +369,9 @@ def drivers(run: _Run, outputs: list[str], bad: dict[str, torch.Tensor]
     return {run.bases[j]: w for j, w in score.items() if j in run.bases}
 
 
+DRIVER_SHARE = 0.1  # a driver's weight against the heaviest open driver's, to be split on
+
+
 def _choose(path: list[Decision], seen: dict[Site, list[tuple[int, float, float]]],
             weights: dict[tuple[Site, int], float], order: dict[str, int], per_split: int
             ) -> tuple[Site, list[tuple[int, float, float]]] | None:
@@ -376,12 +379,20 @@ def _choose(path: list[Decision], seen: dict[Site, list[tuple[int, float, float]
     (``seen``: per site, unforced elements whose enclosure holds two adjacent values) at sites no
     earlier in graph order than the path's last decision (check_tree's order), those with a
     weight in the bad outputs' forms (``weights``, drivers), at the earliest such site, the
-    ``per_split`` heaviest; without weights, the first such site's first elements."""
+    ``per_split`` heaviest; without weights, the first such site's first elements. A driver
+    counts when its weight is at least ``DRIVER_SHARE`` of the heaviest open one: a tie whose
+    row barely reaches the bad outputs (a flip at another position, seen there through a
+    normalisation) does not close the later sites (the path's graph order) for the ties that
+    matter. Flips at later sites are mostly consequences of earlier ones (an earlier tie's
+    nonlinear remainder makes later casts straddle): the earliest site goes first."""
     last = max((order[d.site[0]] for d in path), default=-1)
     open_sites = sorted((s for s, els in seen.items() if els and order.get(s[0], -1) >= last),
                         key=lambda s: order[s[0]])
+    top = max((weights.get((s, e[0]), 0.0) for s in open_sites for e in seen[s]), default=0.0)
     for site in open_sites:
-        heavy = [e for e in seen[site] if weights.get((site, e[0]), 0.0) > 0]
+        heavy = [e for e in seen[site]
+                 if weights.get((site, e[0]), 0.0) > 0
+                 and weights.get((site, e[0]), 0.0) >= DRIVER_SHARE * top]
         if heavy:
             heavy.sort(key=lambda e: -weights[(site, e[0])])
             return site, heavy[:per_split]

@@ -765,9 +765,13 @@ def _try_cases(s: Session, b: Any, q: NumericalQuery, stat: str
     feeds = s.feeds(q.slice)
     s.say(f"{q.slice!r}: the bound misses {q.op} {q.threshold:g}; proving by cases over its "
           f"unstable casts (<= {s.options.cases} per input, domain {s.options.domain})")
+    # the L-inf drift itself, bounded for every input: split only while a case misses the
+    # threshold, on the straddles its bad outputs depend on (cases.certify_cases)
+    directed = (float(q.threshold) if q.quantity == "logit_linf" and q.op in ("<=", "<")
+                and stat == "max" else None)
     res = certify_cases(s.bound_graph, s.bound_train, s.bound_inf, feeds,
                         max_leaves=s.options.cases, domain=s.options.domain,
-                        device=s.options.device,
+                        device=s.options.device, threshold=directed,
                         progress=lambda k, n: s.say(f"cases: run {k}, {n} open or done"))
     s.say(f"cases: bounds {', '.join(f'{v:.4g}' for v in res.linf)} in {res.runs} runs, "
           f"{res.seconds:.0f} s")

@@ -150,7 +150,7 @@ def test_choose_keeps_graph_order_and_prefers_the_heaviest() -> None:
     sa, sb, sc = ("a", "left", "inf"), ("b", "left", "inf"), ("c", "left", "inf")
     seen = {sa: [(0, 1.0, 1.125), (5, 2.0, 2.25)], sb: [(1, 4.0, 4.5), (2, 8.0, 9.0)],
             sc: [(3, 16.0, 18.0)]}
-    w = {(sa, 5): 0.1, (sb, 2): 3.0, (sb, 1): 1.0, (sc, 3): 9.0}
+    w = {(sa, 5): 2.0, (sb, 2): 3.0, (sb, 1): 1.0, (sc, 3): 9.0}
     # the earliest weighted site, its heaviest elements first
     assert _choose([], seen, w, order, 1) == (sa, [(5, 2.0, 2.25)])
     # a path decided at b: site a is closed, b's heaviest first
@@ -160,3 +160,7 @@ def test_choose_keeps_graph_order_and_prefers_the_heaviest() -> None:
     assert _choose([Decision(sc, 9, 1.0, 1.125)], {sa: seen[sa], sc: []}, w, order, 3) is None
     # no weights at all (the interval domain): the first open site, as without a threshold
     assert _choose(path, seen, {}, order, 3) == (sb, seen[sb])
+    # a driver far lighter than the heaviest (under DRIVER_SHARE of it) does not hold the
+    # split at its earlier site: site a's 0.1 against c's 9.0 leaves a open for b's 1.0 / 3.0
+    assert _choose([], seen, {(sa, 5): 0.1, (sb, 1): 1.0, (sc, 3): 9.0}, order, 2) == (
+        sb, [(1, 4.0, 4.5)])

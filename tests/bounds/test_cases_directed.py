@@ -164,3 +164,56 @@ def test_choose_keeps_graph_order_and_prefers_the_heaviest() -> None:
     # split at its earlier site: site a's 0.1 against c's 9.0 leaves a open for b's 1.0 / 3.0
     assert _choose([], seen, {(sa, 5): 0.1, (sb, 1): 1.0, (sc, 3): 9.0}, order, 2) == (
         sb, [(1, 4.0, 4.5)])
+
+
+def test_a_directed_tree_is_certified_and_rechecked(tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """prove --cases directs the split by the clause's threshold: the certificate's case-split
+    leaf holds the 2-leaf tree over y1 alone (y3 reaches no output), the checker re-runs it,
+    and the tree with a leaf dropped, or with y3 split instead, is refused."""
+    import json
+
+    import onnx
+
+    from kcverify.certs.encoding import fx
+    from kcverify.cli import main
+    from tests.planner.test_prove_cases import CONTRACT, _leaf
+
+    monkeypatch.setattr(Z, "EXACT_BINARY", False)
+    onnx.save(_two_ties(), tmp_path / "tie.onnx")
+    np.savez(tmp_path / "x.npz", x=X)
+    contract, model = tmp_path / "tie.yaml", tmp_path / "tie.onnx"
+    contract.write_text(CONTRACT.format(tau="0.5"))
+    cert, report = tmp_path / "tie.kcert.json", tmp_path / "r.json"
+    args = [str(contract), str(model), "--cert", str(cert), "--report", str(report), "--quiet",
+            "--domain", "best", "--cases", "8"]
+    assert main(["prove", *args]) == 0
+    assert json.loads(report.read_text())["clauses"][0]["verdict"] == "proved"
+    stmt = json.loads(cert.read_text())
+    leaves = _leaf(stmt)["params"]["leaves"][0]
+    assert len(leaves) == 2 and {p[0][1] for p in leaves} == {1}, leaves
+    assert main(["check", str(cert), str(model), str(contract)]) == 0
+    original = json.dumps(stmt)
+
+    def forged(edit) -> str:  # type: ignore[no-untyped-def]
+        st = json.loads(original)
+        edit(_leaf(st)["params"])
+        cert.write_text(json.dumps(st))
+        capsys.readouterr()
+        assert main(["check", str(cert), str(model), str(contract)]) == 1
+        return capsys.readouterr().out
+
+    def drop(p):  # type: ignore[no-untyped-def]
+        p["leaves"][0].pop()
+        p["claims"][0].pop()
+    assert "lacks the branch" in forged(drop)
+
+    def other_tie(p):  # type: ignore[no-untyped-def]
+        # split y3 instead: a complete tree, but its leaves leave y1 free and re-bound above
+        # the claims (the claims were y1's cases)
+        for path in p["leaves"][0]:
+            path[0][1] = 3
+    assert "above its claim" in forged(other_tie)
+
+    def half_claims(p):  # type: ignore[no-untyped-def]
+        p["claims"][0] = [fx(float.fromhex(v) * 0.5) for v in p["claims"][0]]
+    assert "above its claim" in forged(half_claims)

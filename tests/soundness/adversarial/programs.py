@@ -302,9 +302,12 @@ class Program:
             return np.clip(np.rint(x / s), -qmax, qmax), s, blk
         if cs.scale in ("mx", "nv") or FMT[cs.format.name].name.startswith(("fp4", "fp6")):
             sat = self.sat if cs.saturate is None and cs.format.name.startswith("fp8") else True
-            q = self.with_(sat=sat if cs.saturate is None else bool(cs.saturate)).cast(
-                x, cs, s, rounding)
+            p = self.with_(sat=sat if cs.saturate is None else bool(cs.saturate))
+            q = (Program.cast(p.with_(quotient="exact"), x, cs, s, rounding) if const
+                 else p.cast(x, cs, s, rounding))
             q = np.where(s == 0, 0.0, q)  # an NVFP4 block scale that underflowed: Q = 0
+        elif const:  # Q(W): the exact quotient, nearest-even, in every conforming program
+            q = Program.cast(self.with_(quotient="exact"), x, cs, s, "nearest")
         else:
             q = self.cast(x, cs, s, rounding)
         if self.trace is not None and not const:

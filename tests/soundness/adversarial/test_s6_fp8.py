@@ -58,7 +58,7 @@ class TieProgram(Program):
         q32 = Program.cast(self.with_(quotient="fp32"), x, cs, s, rounding)
         if self.record is not None:
             self.record[n] = qe != q32
-        m = self.masks.get(n) if self.masks else None
+        m = self.masks.get(n) if self.masks is not None else None  # _all_true() is empty
         if m is None:
             return qe
         m = np.asarray(m)

@@ -13,6 +13,17 @@
         (a property with fewer than K instances gives its first), and the counts extrapolated
         to the 186 (each instance standing for its property's share).
 
+    python bench/acasxu.py diagnose [--nets 2_7,3_5] [--eps 0.05] [--budget 8] [--parts 4]
+        Where the open parts' looseness is (docs/regions.md, session 8; diagnostics, not bounds):
+        splits each network for --budget CPU s as prove does, then on its worst open parts
+        prints the certified drift bound, the forward-only one (NeuroDiff's forms, no
+        back-substitution of intermediate bounds), the bound with the intermediate boxes
+        replaced by sampled hulls (an UNSOUND oracle: drift boxes, value boxes, both), the
+        sampled drift, the worse half of the best input cut and the worse branch of the best
+        single ReLU phase split (the training value's box clamped, every unstable neuron of
+        every hidden layer); then over all open parts which output decides them and how much
+        volume clipping the box to where the linear bound can exceed eps would remove.
+
 --cpu: budgets (--budget, --timeout) in CPU seconds of this process (time.process_time), not
 wall-clock seconds: on a shared machine at nice 10 the wall clock buys 2-20x less CPU, so a
 wall budget measures the load as much as the verifier.
@@ -153,6 +164,146 @@ def vnncomp(args: argparse.Namespace) -> int:
     return 1 if counts["wrong"] else 0
 
 
+def _preacts(cb, x, k: int) -> list:  # noqa: ANN001 - ChainBounds, array
+    """Kernel k's real-arithmetic pre-activations at every ReLU, then its output (float64, the
+    weights as the kernel casts them): what the diagnostics sample."""
+    import torch
+
+    v = torch.as_tensor(x, dtype=torch.float64)
+    out = []
+    for st, m in zip(cb.chain.steps, cb.kernels[k].mats):
+        if st.kind == "affine":
+            (w, _), b, _ = m
+            v = v @ w + (b[0] if b is not None else 0.0)
+        elif st.kind == "shift":
+            v = v + m[0]
+        elif st.kind == "scale":
+            v = v * m[0] if st.prim == "mul" else v / m[0]
+        else:
+            out.append(v.numpy().copy())
+            v = v.clamp(min=0)
+    return [*out, v.numpy()]
+
+
+def _hull(v, pad: float = 0.05):  # noqa: ANN001, ANN202 - arrays
+    a, b = v.min(0), v.max(0)
+    w = pad * (b - a) + 1e-9
+    return a - w, b + w
+
+
+def diagnose(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from kcverify.dsl.vnnlib import load_vnnlib
+    from kcverify.kernels.spec import parse_kernel_spec
+    from kcverify.models.ir import load_onnx
+    from kcverify.regions.chain import ChainBounds, extract_chain, one_thread
+    from kcverify.regions.plan import ALPHA_ITERS, BATCH
+    from kcverify.regions.property import DriftObjective
+    from kcverify.regions.split import branch_and_bound, cut_options
+
+    acas = data_dir()
+    train = parse_kernel_spec("train", {"compute": "fp32", "accumulate": "fp32"})
+    inf = parse_kernel_spec("inf", {"compute": "fp32", "accumulate": "fp32",
+                                    "weights": {"format": "fp16", "scale": "none"}})
+    lo, hi = (np.asarray(v, dtype=np.float64) for v in load_vnnlib(acas / "prop_1.vnnlib").box())
+    rng = np.random.default_rng(0)
+    eps = args.eps
+    for net in nets(args.nets):
+        g = load_onnx(acas / f"ACASXU_run2a_{net}_batch_2000.onnx")
+        cb = ChainBounds(extract_chain(g), train, inf, alpha_iters=ALPHA_ITERS)
+        obj = DriftObjective(cb, eps, hi - lo)
+        with one_thread(), torch.no_grad():
+            out = branch_and_bound(lo, hi, obj, budget_s=args.budget, batch=BATCH,
+                                   clock=time.process_time, **cut_options(obj, True))
+            print(f"\n{net} at eps {eps}: {out.verdict}, bound {out.bound:.4g}, "
+                  f"{out.proved_fraction:.2%} proved, {out.parts_bounded} parts")
+            opened = [lf for lf in out.leaves if not lf.proved]
+            if not opened:
+                continue
+            L, H = np.array([lf.lo for lf in opened]), np.array([lf.hi for lf in opened])
+            _diag_outputs(obj, L, H, eps)
+            order = np.argsort([-lf.value for lf in opened])[:args.parts]
+            print(f"{'part':>4} {'bound':>8} {'fwd-only':>9} {'drift smp':>9} {'value smp':>9} "
+                  f"{'both smp':>9} {'sampled':>9} {'input cut':>9} {'relu split':>10}")
+            for k in order:
+                _diag_part(cb, obj, L[k:k + 1], H[k:k + 1], rng)
+    return 0
+
+
+def _diag_outputs(obj, L, H, eps: float) -> None:  # noqa: ANN001 - DriftObjective, arrays
+    """Which output decides the open parts, and the volume left by one clip of each part to the
+    box hull of {x: the deciding linear bounds can exceed eps} (a clip keeps the whole part when
+    every violated bound exceeds eps on the whole part)."""
+    import numpy as np
+
+    co: list = []
+    mag = obj.bounds(L, H, co).numpy()
+    n = mag.shape[1] // 2
+    print(f"open parts {len(L)}: deciding output " + str(np.bincount(mag.argmax(1) % n,
+                                                                      minlength=n).tolist()))
+    lin = co[0].numpy()
+    kept = []
+    for b in range(len(L)):
+        clo, chi = np.full(len(L[b]), np.inf), np.full(len(L[b]), -np.inf)
+        for r in np.flatnonzero(mag[b] > eps):
+            gap, a = mag[b, r] - eps, lin[b, r]
+            lo2, hi2 = L[b].copy(), H[b].copy()
+            pos, neg = a > 0, a < 0
+            lo2[pos] = np.maximum(L[b][pos], H[b][pos] - gap / a[pos])
+            hi2[neg] = np.minimum(H[b][neg], L[b][neg] + gap / -a[neg])
+            clo, chi = np.minimum(clo, lo2), np.maximum(chi, hi2)
+        w = H[b] - L[b]
+        live = w > 0
+        kept.append(float(np.prod(((chi - clo) / np.where(live, w, 1))[live]))
+                    if np.isfinite(clo).all() else 0.0)
+    print(f"one clip keeps {np.mean(kept):.1%} of their volume on average "
+          f"(min {np.min(kept):.1%})")
+
+
+def _diag_part(cb, obj, L, H, rng) -> None:  # noqa: ANN001 - one part (1, n)
+    import numpy as np
+
+    base = float(obj.bounds(L, H).amax())
+    fwd = float(obj.chooser().bounds(L, H).amax())
+    x = L + (H - L) * rng.random((20000, L.shape[1]))
+    pt, pi = _preacts(cb, x, 0), _preacts(cb, x, 1)
+    sampled = float(np.abs(pi[-1] - pt[-1]).max())
+    chans = {"drift": [], "value": [], "both": []}
+    for zt, zi in zip(pt[:-1], pi[:-1]):
+        (tl, th), (il, ih), (dl, dh) = _hull(zt), _hull(zi), _hull(zi - zt)
+        inf = np.full_like(tl, np.inf)
+        chans["drift"].append(np.stack([-inf, inf, -inf, inf, dl, dh]))
+        chans["value"].append(np.stack([tl, th, il, ih, -inf, inf]))
+        chans["both"].append(np.stack([tl, th, il, ih, dl, dh]))
+    oracle = {k: float(obj.bounds(L, H, prior=np.stack(v)[None]).amax()) for k, v in
+              chans.items()}
+    inter: list = []
+    obj.bounds(L, H, inter=inter)
+    P0 = inter[0].numpy()
+    cuts, pri = [], []
+    for d in np.flatnonzero(H[0] > L[0]):
+        m = L[0, d] + 0.5 * (H[0, d] - L[0, d])
+        a, b = np.repeat(L, 2, 0), np.repeat(H, 2, 0)
+        a[1, d] = b[0, d] = m
+        cuts.append(obj.bounds(a, b, prior=np.repeat(P0, 2, 0)).amax(-1).numpy().max())
+    for li in range(P0.shape[1]):  # every unstable training neuron, both phases
+        for ni in np.flatnonzero((P0[0, li, 0] < 0) & (P0[0, li, 1] > 0)):
+            for ch, v in ((0, 0.0), (1, 0.0)):
+                p = P0[0].copy()
+                p[li, ch, ni] = v
+                pri.append(p)
+    relu = np.inf
+    for k in range(0, len(pri), 256):
+        chunk = np.stack(pri[k:k + 256])
+        v = obj.bounds(np.repeat(L, len(chunk), 0), np.repeat(H, len(chunk), 0),
+                       prior=chunk).amax(-1).numpy()
+        relu = min(relu, float(np.maximum(v[0::2], v[1::2]).min()))
+    print(f"{'':>4} {base:8.3g} {fwd:9.3g} {oracle['drift']:9.3g} {oracle['value']:9.3g} "
+          f"{oracle['both']:9.3g} {sampled:9.2g} {min(cuts):9.3g} {relu:10.3g}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -160,6 +311,11 @@ def main() -> int:
     a.add_argument("--eps", type=float, nargs="+", default=[0.05, 0.01])
     a.add_argument("--budget", type=float, default=120.0, help="seconds of splitting per net")
     a.add_argument("--nets", help="comma-separated, e.g. 1_1,2_3 (default: all 45)")
+    d = sub.add_parser("diagnose")
+    d.add_argument("--eps", type=float, default=0.05)
+    d.add_argument("--budget", type=float, default=8.0, help="CPU seconds of splitting per net")
+    d.add_argument("--nets", default="2_7,3_5")
+    d.add_argument("--parts", type=int, default=4, help="worst open parts examined per net")
     b = sub.add_parser("vnncomp")
     b.add_argument("--timeout", type=float, default=116.0)
     b.add_argument("--props", help="comma-separated property numbers (default: all)")
@@ -171,10 +327,12 @@ def main() -> int:
         p.add_argument("--cpu", action="store_true",
                        help="budgets in CPU seconds of this process, not wall-clock")
     args = ap.parse_args()
-    if args.cpu:
+    if getattr(args, "cpu", False):
         import kcverify.regions.plan as plan
 
         plan.CLOCK = time.process_time
+    if args.what == "diagnose":
+        return diagnose(args)
     return neurodiff(args) if args.what == "neurodiff" else vnncomp(args)
 
 

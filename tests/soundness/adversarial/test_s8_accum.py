@@ -132,7 +132,8 @@ def tree_results(row: np.ndarray, p: int, rng: np.random.Generator, n_random: in
 class ExtremeProgram(Program):
     """A Program whose every dot product (default accumulation family, exact products) takes,
     per output element, the largest (``pick="max"``) or least (``"min"``) result of
-    ``tree_results``: each element in its own summation tree, which the spec allows."""
+    ``tree_results``, or either at random per element (``"rand"``, by ``seed``): each element in
+    its own summation tree, which the spec allows."""
 
     pick: str = "max"
 
@@ -147,7 +148,9 @@ class ExtremeProgram(Program):
         flat = prod.reshape(-1, prod.shape[-1])
         r = np.random.default_rng([self.seed, 8])
         res = [tree_results(row, p, r) for row in flat]
-        val = [v.max() if self.pick == "max" else v.min() for v in res]
+        up = (r.random(len(res)) < 0.5 if self.pick == "rand"
+              else np.full(len(res), self.pick == "max"))
+        val = [v.max() if u else v.min() for v, u in zip(res, up)]
         return np.array(val).reshape(prod.shape[:-1])
 
 

@@ -234,7 +234,12 @@ def _mul_const(ctx: RuleCtx, ins: list, out: Box, m: int) -> LinState | None:
 def _gemm(ctx: RuleCtx, ins: list, out: Box, m: int, max_rank: int = 2) -> LinState | None:
     """y_k = (x_k + c_k) Q_k(W) + acc_k + rnd_k [+ bias]; the drift's form per the module doc.
     ``max_rank``: the largest rank of x accepted (3: rows of a batch, as Conv's columns)."""
-    from kcverify.bounds.rules.linear import _operand, accumulation_error, operand_scales
+    from kcverify.bounds.rules.linear import (
+        _operand,
+        accumulation_error,
+        operand_scales,
+        rescale_error,
+    )
 
     node = ctx.node
     if node.op_type == "Gemm" and (int(ctx.attr("transA", 0)) or float(ctx.attr("alpha", 1.0)) != 1.0
@@ -265,6 +270,7 @@ def _gemm(ctx: RuleCtx, ins: list, out: Box, m: int, max_rank: int = 2) -> LinSt
         sx = operand_scales(ctx, spec, xo, lo, hi, False, "left", -2, -1)
         sw = operand_scales(ctx, spec, w, wlo, whi, True, "right", -1, -2)
         acc = accumulation_error(spec, n, magn, sx[0] * sw[0], sx[1] * sw[1])
+        acc = acc + rescale_error(spec, n, magn, sx[0] * sw[0], sx[1], sw[1])
         p_lo, p_hi = y.bounds()  # the product before any bias: what is rounded
         _, _, rnd = ctx.round(spec, "mul", p_lo - acc, p_hi + acc, steps=2)
         e = pad_hi(acc + rnd)

@@ -2253,7 +2253,7 @@ def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
                  box_b: Box | None, aw: bool, bw: bool, axes: tuple) -> ZState | None:
     """(cast A) @ (cast B) for both kernels, accumulated in any order and rounded (the
     accumulation enclosure of rules/linear.py). ``axes``: the operands' sample axes."""
-    from kcverify.bounds.rules.linear import _grid_pair, accumulation_error
+    from kcverify.bounds.rules.linear import _grid_pair, accumulation_error, rescale_error
 
     # x @ W with a constant W: x's r becomes symbols after the product (f_matmul_const_fresh)
     after = isinstance(a, ZState) and bw and isinstance(b, Concrete) and b.value.dim() == 2
@@ -2289,6 +2289,9 @@ def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
         if grid is not None:  # the sharper enclosure of exact products (rules/linear.py)
             acc = torch.minimum(acc, grid[2])
         acc = pad_hi(acc * (1 + (n + 4) * U64)) + TINY
+        # the rescale's underflow part (a scale product that may be subnormal): rules/linear.py
+        acc = acc + rescale_error(spec, n, mag(a_lo, a_hi) @ mag(b_lo, b_hi), sa[0] * sb[0],
+                                  sa[1], sb[1])
         y = _add_err(y, acc)
         y = _round(ctx, spec, "mul", y, steps=2)
         out.append(y)

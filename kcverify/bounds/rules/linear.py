@@ -362,6 +362,33 @@ def _refuse_sample_contraction(ctx: RuleCtx, *sides: tuple) -> None:
                              "activation scale; not supported")
 
 
+def rescale_error(spec: KernelSpec, n: int, magn: torch.Tensor, s_lo: torch.Tensor | float,
+                  sa_hi: torch.Tensor | float, sb_hi: torch.Tensor | float) -> torch.Tensor:
+    """The absolute (underflow) part of the rescale y = s_a s_b acc that the two relative
+    roundings of ``ctx.round(spec, "mul", ..., steps=2)`` do not cover, in output units.
+
+    A conforming program may form S = fl(s_a s_b) first: below the compute format's min_normal
+    S is off by up to eta absolutely, and that error is multiplied by the computed unscaled sum,
+    |acc| <= (1 + gamma_n(u_acc)) magn / s_lo (fp16 compute with scales ~1e-3 reaches it; F1
+    s8: fp32 with a scale product below 2^-126 reached 642x the certified drift). Or it forms
+    fl(acc s_a) first: that eta is multiplied by s_b - covered by the rounding's own eta where
+    s_b <= 1, added here above 1. Zero where the scale product is certainly normal and no scale
+    exceeds 1 (the usual case: bounds there are unchanged). ``magn``: |A| @ |B| of the cast
+    operands in output units; ``s_lo`` the scale product's lower end; ``sa_hi`` / ``sb_hi`` the
+    operands' largest scales (all broadcastable to magn). Added after any meet with the grid
+    enclosure, which bounds the accumulation alone."""
+    c = spec.compute
+    if not c.eta:
+        return torch.zeros_like(magn)
+    t = magn.dtype
+    s_lo = torch.as_tensor(s_lo, dtype=t)
+    unscaled = magn * (1 + gamma(n, spec.accumulate.u)) / s_lo.clamp_min(1e-300)
+    sub = torch.where(s_lo < c.min_normal, c.eta * unscaled, torch.zeros_like(unscaled))
+    big = torch.clamp(torch.maximum(torch.as_tensor(sa_hi, dtype=t),
+                                    torch.as_tensor(sb_hi, dtype=t)) - 1.0, min=0.0)
+    return pad_hi((sub + c.eta * big) * (1 + 4 * c.u))
+
+
 def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
                b_out_axis: int = -1, b_k_axis: int = -2, axes: tuple | None = None) -> Box:
     """(Cast A) @ (cast B) accumulated in any order and rounded, for both kernels, with drift.
@@ -403,9 +430,12 @@ def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,
             g_lo, g_hi, g_err = grid
             lo, hi = torch.maximum(lo, g_lo), torch.minimum(hi, g_hi)
             acc = torch.minimum(acc, g_err)
-        lo, hi, rnd = ctx.round(spec, "mul", lo, hi, steps=2)
-        point = _pinned_point(spec, a_lo, a_hi, a_weight, ax_a, b_lo, b_hi, b_weight, ax_b,
-                              b_out_axis)
+        resc = rescale_error(spec, n, magn, sa[0] * sb[0], sa[1], sb[1])
+        lo, hi, rnd = ctx.round(spec, "mul", lo - resc, hi + resc, steps=2)
+        rnd = rnd + resc
+        # a scale product that may be subnormal: the realization's rescale is not the only one
+        point = None if bool((resc > 0).any()) else _pinned_point(
+            spec, a_lo, a_hi, a_weight, ax_a, b_lo, b_hi, b_weight, ax_b, b_out_axis)
         if point is not None:  # one schedule at a point: the value itself
             lo, hi = point
         vals += [lo, hi]

@@ -1,11 +1,13 @@
 """The rescale y = s_a s_b acc of a MatMul of cast operands (rules/linear.rescale_error).
 
-A conforming program may form S = fl(s_a s_b) in the compute format first. With fp16 compute and
-scales of ordinary size (1.3e-3 and 2^-12) S ~ 3.2e-7 is an fp16 subnormal (spacing 2^-24): S
-is off by ~6%, and that error multiplies the whole unscaled sum. The two relative roundings of
-the rescale do not cover it (the bound missed by 25x before session 8). The program here is
-written with numpy / ml_dtypes only: operands built on the fp8 grid so that every cast is exact
-and every product and partial sum exact in fp32; only the rescale rounds.
+The scales are fp32 values and the rescale multiplies in fp32 (either association, two
+roundings, or one), the result then rounded to the compute format. A program may form
+S = fl32(s_a s_b) first: where s_a s_b is an fp32 subnormal (static activation scale 1.3e-20,
+weight scale 2^-67) S is off by ~1e-5 relative and that error multiplies the whole unscaled sum,
+which the two relative roundings do not cover (the adversary's F1, session 8). A compute format
+finer than fp32 (fp64) does not cover the fp32 roundings at all. The programs are numpy /
+ml_dtypes only: operands on the fp8 grid, so every cast is exact and the sum exact; only the
+rescale and the final rounding round.
 """
 
 from __future__ import annotations
@@ -20,26 +22,30 @@ from kcverify.kernels.spec import parse_kernel_spec
 from kcverify.models.ir import from_onnx
 
 FP32 = parse_kernel_spec("train", {"compute": "fp32", "accumulate": "fp32"})
-S_A = float(np.float32(1.3e-3))
-S_B = 2.0**-12
+# (static activation scale, weight scale = a power of two): a subnormal and an ordinary product
+SCALES = {"subnormal": (float(np.float32(1.3e-20)), 2.0**-67),
+          "ordinary": (float(np.float32(1.3e-3)), 2.0**-12)}
+FMT = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16, "fp32": np.float32, "fp64": np.float64}
 
 
-def _spec(compute: str):
+def _spec(compute: str, s_a: float):
     return parse_kernel_spec("inf", {
-        "weights": {"format": "fp8_e4m3", "scale": "per_channel"},
-        "activations": {"format": "fp8_e4m3", "scale": "static", "value": S_A},
+        # the floor below the subnormal case's weight amax 448 * 2^-67 (default 1e-12)
+        "weights": {"format": "fp8_e4m3", "scale": "per_channel", "amax_floor": 1e-30},
+        "activations": {"format": "fp8_e4m3", "scale": "static", "value": s_a},
         "accumulate": "fp32", "compute": compute})
 
 
-def _case(seed: int):
+def _case(seed: int, s_a: float, s_b: float):
     rng = np.random.default_rng(seed)
     grid = np.array([-448.0, -104.0, -13.0, -2.5, -0.375, 0.0, 0.5, 3.0, 11.0, 96.0, 448.0])
     qa = rng.choice(grid[1:-1], size=(2, 8))
     qb = rng.choice(grid, size=(8, 3))
     qb[0] = 448.0  # every column's amax 448 s_b: the per-channel scale is s_b exactly
-    x = (qa * S_A).astype(np.float32)
-    W = (qb * S_B).astype(np.float32)
-    assert np.array_equal(W.astype(np.float64), qb * S_B)
+    x = (qa * s_a).astype(np.float32)
+    W = (qb * s_b).astype(np.float32)
+    assert np.array_equal(W.astype(np.float64), qb * s_b)
+    assert np.array_equal(np.asarray(x / np.float32(s_a), ml_dtypes.float8_e4m3fn), qa)
     g = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
@@ -49,29 +55,33 @@ def _case(seed: int):
     return from_onnx(model), x, qa, qb
 
 
-def _programs(qa: np.ndarray, qb: np.ndarray, fmt) -> list[np.ndarray]:
-    """The rescale's orders, each rounding in ``fmt`` (the compute format)."""
-    acc = qa @ qb  # exact: products of fp8 values, |sum| < 2^24 * their grain
-    r = lambda v: np.asarray(v, fmt).astype(np.float64)  # noqa: E731
-    return [r(r(S_A * S_B) * acc),           # S first: S an fp16 subnormal
-            r(r(acc * S_A) * S_B), r(r(acc * S_B) * S_A),
-            r(acc * (S_A * S_B))]
+def _programs(qa: np.ndarray, qb: np.ndarray, s_a: float, s_b: float, fmt) -> list[np.ndarray]:
+    """The rescale's associations in fp32, then one rounding to the compute format ``fmt``."""
+    acc = qa @ qb  # exact: products of fp8 values, far below 2^24 of their grain
+    r32 = lambda v: np.asarray(v, np.float32).astype(np.float64)  # noqa: E731
+    out = lambda v: np.asarray(v, fmt).astype(np.float64)  # noqa: E731
+    return [out(r32(r32(s_a * s_b) * acc)),   # S first: an fp32 subnormal in the first case
+            out(r32(r32(acc * s_a) * s_b)), out(r32(r32(acc * s_b) * s_a)),
+            out(r32(acc * (s_a * s_b)))]
 
 
-@pytest.mark.parametrize("compute,fmt", [("fp16", np.float16), ("bf16", ml_dtypes.bfloat16),
-                                         ("fp32", np.float32)])
+@pytest.mark.parametrize("scales,compute", [("subnormal", "fp32"), ("subnormal", "bf16"),
+                                            ("ordinary", "fp16"), ("ordinary", "bf16"),
+                                            ("ordinary", "fp64"), ("subnormal", "fp64")])
 @pytest.mark.parametrize("domain", ["interval", "linear", "best"])
-def test_rescale_orders_inside(compute: str, fmt, domain: str) -> None:
-    g, x, qa, qb = _case(0)
-    box = certify_drift(g, FP32, _spec(compute), {"x": x}, domain=domain).outputs["y"]
+def test_rescale_orders_inside(scales: str, compute: str, domain: str) -> None:
+    s_a, s_b = SCALES[scales]
+    g, x, qa, qb = _case(0, s_a, s_b)
+    box = certify_drift(g, FP32, _spec(compute, s_a), {"x": x}, domain=domain).outputs["y"]
     il, ih = box.arrays()[2:4]
-    for y in _programs(qa, qb, fmt):
-        assert np.all((il <= y) & (y <= ih)), (compute, domain, il, y, ih)
+    for y in _programs(qa, qb, s_a, s_b, FMT[compute]):
+        assert np.all((il <= y) & (y <= ih)), (scales, compute, domain, il, y, ih)
 
 
-def test_fp16_scale_product_is_a_subnormal_here() -> None:
-    """The case reaches the term: S = fl16(s_a s_b) differs from s_a s_b by more than the two
-    relative roundings allow (so the test above fails without rescale_error)."""
-    s = S_A * S_B
-    assert s < 2.0**-14
-    assert abs(float(np.float16(s)) - s) > 4 * 2.0**-11 * s
+def test_the_subnormal_case_reaches_the_term() -> None:
+    """fl32(s_a s_b) is off by more than the two relative roundings allow (so the fp32 case
+    above fails without rescale_error)."""
+    s_a, s_b = SCALES["subnormal"]
+    s = s_a * s_b
+    assert s < 2.0**-126
+    assert abs(float(np.float32(s)) - s) > 4 * 2.0**-24 * s

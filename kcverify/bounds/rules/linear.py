@@ -364,29 +364,39 @@ def _refuse_sample_contraction(ctx: RuleCtx, *sides: tuple) -> None:
 
 def rescale_error(spec: KernelSpec, n: int, magn: torch.Tensor, s_lo: torch.Tensor | float,
                   sa_hi: torch.Tensor | float, sb_hi: torch.Tensor | float) -> torch.Tensor:
-    """The absolute (underflow) part of the rescale y = s_a s_b acc that the two relative
-    roundings of ``ctx.round(spec, "mul", ..., steps=2)`` do not cover, in output units.
+    """The part of the rescale y = s_a s_b acc that the two relative roundings of
+    ``ctx.round(spec, "mul", ..., steps=2)`` do not cover, in output units.
 
-    A conforming program may form S = fl(s_a s_b) first: below the compute format's min_normal
-    S is off by up to eta absolutely, and that error is multiplied by the computed unscaled sum,
-    |acc| <= (1 + gamma_n(u_acc)) magn / s_lo (fp16 compute with scales ~1e-3 reaches it; F1
-    s8: fp32 with a scale product below 2^-126 reached 642x the certified drift). Or it forms
-    fl(acc s_a) first: that eta is multiplied by s_b - covered by the rounding's own eta where
-    s_b <= 1, added here above 1. Zero where the scale product is certainly normal and no scale
-    exceeds 1 (the usual case: bounds there are unchanged). ``magn``: |A| @ |B| of the cast
-    operands in output units; ``s_lo`` the scale product's lower end; ``sa_hi`` / ``sb_hi`` the
-    operands' largest scales (all broadcastable to magn). Added after any meet with the grid
-    enclosure, which bounds the accumulation alone."""
-    c = spec.compute
-    if not c.eta:
-        return torch.zeros_like(magn)
+    The scales are fp32 values and the rescale multiplies in fp32 (a GEMM epilogue: two
+    roundings, either association), the result then rounded to the compute format. A program
+    may form S = fl32(s_a s_b) first: below fp32's min_normal S is off by up to eta_32
+    absolutely, and that error multiplies the computed unscaled sum,
+    |acc| <= (1 + gamma_n(u_acc)) magn / s_lo (F1 s8: a scale product below 2^-126 reached 642x
+    the certified drift). Or it forms fl32(acc s_a) first: that eta_32 is multiplied by s_b -
+    covered by the rounding's own eta where s_b <= 1, added here above 1. A compute format
+    finer than fp32 (fp64) does not cover the two fp32 roundings: 2 u_32 |y| + 2 eta_32
+    (1 + max(s_a, s_b)) added then, unless both scales are exactly 1. Zero where the scale
+    product is certainly normal, no scale exceeds 1 and compute is at most fp32 (the usual
+    case: bounds there are unchanged).
+    ``magn``: |A| @ |B| of the cast operands in output units; ``s_lo`` the scale product's lower
+    end; ``sa_hi`` / ``sb_hi`` the operands' largest scales (all broadcastable to magn). Added
+    after any meet with the grid enclosure, which bounds the accumulation alone."""
+    f32 = get_format("fp32")
     t = magn.dtype
     s_lo = torch.as_tensor(s_lo, dtype=t)
-    unscaled = magn * (1 + gamma(n, spec.accumulate.u)) / s_lo.clamp_min(1e-300)
-    sub = torch.where(s_lo < c.min_normal, c.eta * unscaled, torch.zeros_like(unscaled))
-    big = torch.clamp(torch.maximum(torch.as_tensor(sa_hi, dtype=t),
-                                    torch.as_tensor(sb_hi, dtype=t)) - 1.0, min=0.0)
-    return pad_hi((sub + c.eta * big) * (1 + 4 * c.u))
+    sa_hi, sb_hi = torch.as_tensor(sa_hi, dtype=t), torch.as_tensor(sb_hi, dtype=t)
+    # |acc| in output units: any order within gamma_n; a tensor-core family within 2x
+    y_mag = magn * (2.0 if spec.accumulation.mma is not None
+                    else 1 + gamma(n, spec.accumulate.u))
+    unscaled = y_mag / s_lo.clamp_min(1e-300)
+    err = torch.where(s_lo < f32.min_normal, f32.eta * unscaled, torch.zeros_like(unscaled))
+    err = err + f32.eta * torch.clamp(torch.maximum(sa_hi, sb_hi) - 1.0, min=0.0)
+    if spec.compute.u < f32.u:
+        unit = (s_lo == 1) & (sa_hi == 1) & (sb_hi == 1)
+        big = torch.maximum(sa_hi, sb_hi)
+        err = err + torch.where(unit, 0.0, 2 * f32.u * (1 + f32.u) * y_mag
+                                + 2 * f32.eta * (1 + big))
+    return pad_hi(err * (1 + 4 * f32.u))
 
 
 def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,

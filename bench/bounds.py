@@ -3,7 +3,7 @@
     python bench/bounds.py [--models tiny_decoder,tiny_encoder] [--device cpu]
                            [--contracts examples/contracts/w8-decoder.yaml,...] [--programs 3]
                            [--domains interval,best] [--batch 1] [--seq 16] [--eps 0]
-                           [--cut segments|whole]
+                           [--cut segments|whole] [--budget 24]
 
 It prints the machine, then for each kernel pair (contract: default weight-only fp8 and the
 fp8-deploy demo with fp8 activations), model and domain:
@@ -20,6 +20,8 @@ fp8-deploy demo with fp8 activations), model and domain:
   sep/diff      separate-kernel baseline bound / differential bound (point inputs, and an
                 input/embedding box of radius --eps)
   unstable      unstable casts per input: fp8 roundings conforming programs may take either way
+  rss GB        the process's peak resident set so far (a running maximum: the first domain
+                that needs more memory than everything before it shows its own peak)
 With --cases N, a second line per domain ("+cases"): the bound by cases (at most N leaves per
 input), its cert/falsif, the leaves, the unstable casts left in them, and the CPU seconds per
 analysis run (one case of one input for a relational domain).
@@ -34,6 +36,7 @@ The kernels come from each contract (default: weight-only fp8 and the fp8-deploy
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -121,6 +124,13 @@ def machine() -> str:
             f"onnxruntime {ort.__version__}")
 
 
+def peak_rss_gb() -> float:
+    """The process's peak resident set so far, GB (ru_maxrss: KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def med(x: np.ndarray) -> float:
     return float(np.median(x))
 
@@ -150,12 +160,19 @@ def main() -> None:
                          "at most this many leaves per input, in each domain (0: no)")
     ap.add_argument("--cut", default="segments", choices=("segments", "whole"),
                     help="the blocks bounded: the segmenter's, or the whole graph as one block")
+    ap.add_argument("--budget", type=int, default=None,
+                    help="the zonotope's symbol budget: at most 2**N generator entries per form "
+                         "(zonotope.ELEMENT_BUDGET; default its own, 2**24)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: with more, small tensors mostly measure BLAS/OpenMP "
                          "start-up, for the forward pass and the bounds alike)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
+    if args.budget is not None:
+        from kcverify.bounds import zonotope
+
+        zonotope.ELEMENT_BUDGET = 2**args.budget
     from kcverify.commands.bound import load_kernels
 
     print(machine())
@@ -173,13 +190,16 @@ def unstable_text(res) -> str:
 
 
 def bench_contract(args, train, inf) -> None:
+    from kcverify.bounds import zonotope
+
     print(f"device {args.device}, torch threads {torch.get_num_threads()}, batch {args.batch}, "
           f"seq {args.seq}, region eps {args.eps}, cut {args.cut}, "
+          f"symbol budget 2^{int(math.log2(zonotope.ELEMENT_BUDGET))}, "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'model':<14}{'domain':<10}{'ort s':>9}{'fwd s':>9}{'cert s':>9}{'cpu s':>9}"
           f"{'time/ort':>10}{'cpu/ort':>10}"
           f"{'time/fwd':>10}{'bound':>11}{'falsifier':>11}{'cert/fals':>10}{'sep/diff':>10}"
-          f"{'unstable':>9}{'box bound':>11}{'box sep/diff':>13}")
+          f"{'unstable':>9}{'rss GB':>8}{'box bound':>11}{'box sep/diff':>13}")
     for name in [m for m in args.models.split(",") if m]:
         path = MODEL_FILES.get(name, Path(name))
         if not path.exists():
@@ -216,7 +236,8 @@ def bench_contract(args, train, inf) -> None:
                 print(f"{name:<14}{domain:<10}{ort_fwd:>9.5f}{fwd:>9.4f}{dt:>9.3f}{cpu:>9.3f}"
                       f"{dt / ort_fwd:>10.0f}{cpu / ort_fwd:>10.0f}{dt / fwd:>10.1f}"
                       f"{med(res.linf):>11.4g}{med(fals):>11.4g}{ratio(res.linf, fals):>10.4g}"
-                      f"{ratio(sep, res.linf):>10.4g}{unstable_text(res):>9}{box_txt}")
+                      f"{ratio(sep, res.linf):>10.4g}{unstable_text(res):>9}{peak_rss_gb():>8.2f}"
+                      f"{box_txt}")
             sys.stdout.flush()
             if args.cases > 0 and domain in ("interval", "best"):
                 bench_cases(args, graph, train, inf, feeds, name, domain, fals)

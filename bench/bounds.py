@@ -3,7 +3,7 @@
     python bench/bounds.py [--models tiny_decoder,tiny_encoder] [--device cpu]
                            [--contracts examples/contracts/w8-decoder.yaml,...] [--programs 3]
                            [--domains interval,best] [--batch 1] [--seq 16] [--eps 0]
-                           [--cut segments|whole] [--budget 24]
+                           [--cut segments|whole] [--budget 24] [--widths]
 
 It prints the machine, then for each kernel pair (contract: default weight-only fp8 and the
 fp8-deploy demo with fp8 activations), model and domain:
@@ -20,6 +20,9 @@ fp8-deploy demo with fp8 activations), model and domain:
   sep/diff      separate-kernel baseline bound / differential bound (point inputs, and an
                 input/embedding box of radius --eps)
   unstable      unstable casts per input: fp8 roundings conforming programs may take either way
+With --widths, after each relational domain's line: per LayerNormalization output (a transformer's
+checkpoints, twice per layer) the widest training value set and drift enclosure the zonotope kept
+there, and its symbol rows (dense + local kinds): where a bound is lost (docs/bounds.md, MiniLM).
   rss GB        the process's peak resident set so far (a running maximum: the first domain
                 that needs more memory than everything before it shows its own peak)
 With --cases N, a second line per domain ("+cases"): the bound by cases (at most N leaves per
@@ -36,6 +39,7 @@ The kernels come from each contract (default: weight-only fp8 and the fp8-deploy
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -124,6 +128,34 @@ def machine() -> str:
             f"onnxruntime {ort.__version__}")
 
 
+@contextlib.contextmanager
+def width_trace(out: list[str] | None):
+    """Collect, into ``out``, one line per LayerNormalization output the zonotope bounds: the
+    widest training value set (max th - tl), drift enclosure (max dh - dl) and |drift| bound,
+    and the rows its training form keeps (dense, local kinds) (zonotope.STEP_TRACE)."""
+    from kcverify.bounds import zonotope
+
+    if out is None:
+        yield
+        return
+
+    def trace(node, name, b, z) -> None:
+        if node.op_type != "LayerNormalization":
+            return
+        tw = float((b.th - b.tl).max())
+        dw = float((b.dh - b.dl).max())
+        dm = float(torch.maximum(b.dh.abs(), b.dl.abs()).max())
+        out.append(f"  widths {name[-48:]:<48} value {tw:<10.3g} drift {dw:<10.3g} "
+                   f"|drift| <= {dm:<10.3g} rows {z.t.kd} + {z.t.kl}")
+
+    old = zonotope.STEP_TRACE
+    zonotope.STEP_TRACE = trace
+    try:
+        yield
+    finally:
+        zonotope.STEP_TRACE = old
+
+
 def peak_rss_gb() -> float:
     """The process's peak resident set so far, GB (ru_maxrss: KiB on Linux)."""
     import resource
@@ -163,6 +195,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=None,
                     help="the zonotope's symbol budget: at most 2**N generator entries per form "
                          "(zonotope.ELEMENT_BUDGET; default its own, 2**24)")
+    ap.add_argument("--widths", action="store_true",
+                    help="print the widths the zonotope keeps at each LayerNormalization output")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: with more, small tensors mostly measure BLAS/OpenMP "
                          "start-up, for the forward pass and the bounds alike)")
@@ -219,10 +253,13 @@ def bench_contract(args, train, inf) -> None:
                                  device=args.device).linf if args.eps > 0 else None)
         for domain in [d for d in args.domains.split(",") if d]:
             dts, cpus = [], []
+            widths: list[str] = []
             for _ in range(2 if domain == "interval" else 1):  # a second, warm interval run
+                widths.clear()
                 t, c = time.perf_counter(), time.process_time()
-                res = certify_drift(graph, train, inf, feeds, domain=domain, device=args.device,
-                                    cut=args.cut)
+                with width_trace(widths if args.widths else None):
+                    res = certify_drift(graph, train, inf, feeds, domain=domain,
+                                        device=args.device, cut=args.cut)
                 dts.append(time.perf_counter() - t)
                 cpus.append(time.process_time() - c)
             dt, cpu = min(dts), min(cpus)
@@ -238,6 +275,8 @@ def bench_contract(args, train, inf) -> None:
                       f"{med(res.linf):>11.4g}{med(fals):>11.4g}{ratio(res.linf, fals):>10.4g}"
                       f"{ratio(sep, res.linf):>10.4g}{unstable_text(res):>9}{peak_rss_gb():>8.2f}"
                       f"{box_txt}")
+            for line in widths:
+                print(line)
             sys.stdout.flush()
             if args.cases > 0 and domain in ("interval", "best"):
                 bench_cases(args, graph, train, inf, feeds, name, domain, fals)

@@ -116,6 +116,9 @@ NO_IDS = torch.zeros(0, dtype=torch.int64)
 _TRACK: contextvars.ContextVar[ZonoTrack | None] = contextvars.ContextVar("kcverify_zono",
                                                                           default=None)
 CAST_TRACE: Callable | None = None  # diagnostics: called with each cast operand's choices
+# diagnostics: called after each node's rule with (node, output name, the box met with the
+# forms, the forms kept: ZState) for every float output that has forms (bench/bounds.py --widths)
+STEP_TRACE: Callable | None = None
 
 
 @dataclass(init=False, eq=False)
@@ -1302,6 +1305,8 @@ class ZonoTrack:
             z = self.box_where_looser(z, b)
             self.forms[o_name] = z
             tightened.append(b)
+            if STEP_TRACE is not None:
+                STEP_TRACE(n, o_name, b, z)
         return tuple(tightened)
 
     def box_where_looser(self, z: ZState, b: Box) -> ZState:

@@ -258,7 +258,7 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
           domain: str = "best", device: str = "cpu", eps: float = 0.0, space: str = "input",
           workers: int | None = None, ray_address: str | None = None,
           progress: Callable[[int, int], None] | None = None, cases: int = 0,
-          memory: int | None = None) -> BoundResult:
+          memory: int | None = None, threshold: float | None = None) -> BoundResult:
     """Certified drift bounds between the contract's kernels on each input (``kcverify bound``).
 
     ``inputs``: a .npy/.npz path, an array (the model's single input) or a mapping input name ->
@@ -268,7 +268,10 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
     ``ray_address`` run the work items on Ray (kcverify.distributed); the bounds are the
     serial ones, in input order. ``cases > 0``: a proof by cases over each input's unstable
     casts, up to that many cases per input, each case bounded with ``domain`` (interval or
-    best; kcverify.bounds.cases; point inputs only); ``unstable_casts`` then counts those left in the cases. ``memory``: the
+    best; kcverify.bounds.cases; point inputs only); ``unstable_casts`` then counts those left
+    in the cases; ``progress(cases bounded, cases so far)`` after each case. ``threshold`` (with
+    ``cases``): clause-directed, a case at most ``threshold`` is a leaf and one above it is split
+    only on the straddles that drive its output elements above it. ``memory``: the
     bound engine's budget in bytes (kcverify.bounds.memory; default half of physical memory);
     its decisions are in ``notes``."""
     import numpy as np
@@ -284,7 +287,11 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
     region = Region(space, "linf", eps) if eps > 0 else None
     if cases > 0:
         return _bound_by_cases(model, contract, graph, train, inf, feeds, cases, device, eps,
-                               workers or ray_address, domain)
+                               workers or ray_address, domain, threshold, progress)
+    if threshold is not None:
+        from kcverify.errors import BoundError
+
+        raise BoundError("a threshold directs a proof by cases: give cases > 0 (--cases N)")
     items = [dict(feeds=part, region=region, domain=domain, device=device, memory=memory)
              for part in input_chunks(feeds, domain)]
     finished = 0
@@ -315,7 +322,8 @@ def bound(model: PathLike, contract: PathLike, inputs: PathLike | Any, *,
 
 def _bound_by_cases(model: PathLike, contract: PathLike, graph: Any, train: Any, inf: Any,
                     feeds: Any, cases: int, device: str, eps: float, distributed: Any,
-                    domain: str = "interval") -> BoundResult:
+                    domain: str = "interval", threshold: float | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> BoundResult:
 
     from kcverify.bounds.cases import certify_cases
     from kcverify.bounds.engine import _as_feeds
@@ -325,13 +333,16 @@ def _bound_by_cases(model: PathLike, contract: PathLike, graph: Any, train: Any,
         raise BoundError("--cases bounds point inputs in one process: drop --eps / --workers")
     if domain not in ("interval", "best"):
         raise BoundError(f"--cases runs each case in the interval or best domain, not {domain!r}")
+    if threshold is not None and not (threshold >= 0 and math.isfinite(threshold)):
+        raise BoundError(f"--threshold must be a finite number >= 0, not {threshold}")
     res = certify_cases(graph, train, inf, _as_feeds(graph, feeds), max_leaves=cases,
-                        device=device, domain=domain)
+                        device=device, domain=domain, threshold=threshold, progress=progress)
     return BoundResult(model=os.fspath(model), contract=os.fspath(contract), domain=domain,
                        linf=res.linf, unstable_casts=res.unstable_left, seconds=res.seconds,
                        region=None,
                        blocks=[{"name": "model", "digest": graph.digest(),
-                                "method": f"cases<={cases}"}])
+                                "method": f"cases<={cases}" + (
+                                    "" if threshold is None else f",threshold={threshold:g}")}])
 
 
 __all__ = ["BoundResult", "bound", "check", "check_device", "dumps", "json_value",

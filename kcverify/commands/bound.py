@@ -41,7 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="bound the inputs on an existing Ray cluster (ray://host:10001, auto)")
     p.add_argument("--cases", type=int, default=0, metavar="N",
                    help="prove each input by cases over its unstable fp8 casts, up to N cases per "
-                        "input (interval domain, point inputs; docs/bounds.md)")
+                        "input (interval or best domain, point inputs; docs/bounds.md)")
+    p.add_argument("--threshold", type=float, metavar="T",
+                   help="with --cases: split a case only while its bound exceeds T, on the casts "
+                        "that drive the output elements above T (a clause's threshold)")
     p.add_argument("--json", action="store_true",
                    help="print strict JSON (an infinite bound is the string \"inf\")")
     p.set_defaults(func=run)
@@ -55,9 +58,12 @@ def run(args: argparse.Namespace) -> int:
     bar: Bar | None = None
 
     def progress(done: int, total: int) -> None:
-        """Inputs bounded so far: a bar with ETA on a terminal, else a line per input."""
+        """Inputs bounded so far: a bar with ETA on a terminal, else a line per input. By cases:
+        a line per case bounded (the tree grows as it goes: no total to show a bar against)."""
         nonlocal bar
-        if total > 1:
+        if args.cases:
+            sys.stderr.write(f"kcverify bound: case {done} bounded ({total} cases so far)\n")
+        elif total > 1:
             bar = bar or Bar("kcverify bound: input", total, unit="input")
             bar.update(done)
 
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         res = bound(args.model, args.contract, args.inputs, domain=args.domain,
                     device=args.device, eps=args.eps, space=args.space, workers=args.workers,
                     ray_address=args.ray_address, progress=progress, cases=args.cases,
+                    threshold=args.threshold,
                     memory=None if args.memory is None else parse_size(args.memory))
     finally:
         if bar is not None:
@@ -76,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     w = sys.stdout.write
     how = res.domain if not args.cases else f"{res.domain} by cases, <= {args.cases} per input"
+    if args.cases and args.threshold is not None:
+        how += f", split while above {args.threshold:g}"
     w(f"{args.model}: certified drift bounds (kernels train -> inf, domain {how}, "
       f"{len(res.blocks)} blocks, {res.seconds:.2f} s)\n")
     for k, v in enumerate(res.linf):

@@ -237,3 +237,35 @@ def test_a_directed_tree_is_certified_and_rechecked(tmp_path, capsys, monkeypatc
     def half_claims(p):  # type: ignore[no-untyped-def]
         p["claims"][0] = [fx(float.fromhex(v) * 0.5) for v in p["claims"][0]]
     assert "above its claim" in forged(half_claims)
+
+
+def test_bound_cli_threshold_directs_the_cases(tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`kcverify bound --cases N --threshold T` runs the clause-directed tree (progress a line
+    per case on stderr) and bounds the input at most T here; the same tree without a threshold
+    splits both ties (the first-site rule); --threshold without --cases is one error line."""
+    import json
+
+    import onnx
+
+    from kcverify.cli import main
+    from tests.planner.test_prove_cases import CONTRACT
+
+    monkeypatch.setattr(Z, "EXACT_BINARY", False)
+    onnx.save(_two_ties(), tmp_path / "tie.onnx")
+    np.savez(tmp_path / "x.npz", x=X)
+    contract, model = tmp_path / "tie.yaml", tmp_path / "tie.onnx"
+    contract.write_text(CONTRACT.format(tau="0.5"))
+    base = ["bound", str(model), str(contract), "--inputs", str(tmp_path / "x.npz"),
+            "--domain", "best", "--json", "--cases", "8"]
+    assert main([*base, "--threshold", "0.5"]) == 0
+    out = capsys.readouterr()
+    res = json.loads(out.out)
+    assert res["bounds"][0]["linf"] <= 0.5 and "threshold=0.5" in res["blocks"][0]["method"]
+    directed = out.err.count("bounded (")
+    assert directed >= 2, out.err
+    assert main(base) == 0
+    full = capsys.readouterr().err.count("bounded (")
+    assert full > directed, (full, directed)
+    assert main([*base[:-2], "--threshold", "0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--cases" in err[0], err

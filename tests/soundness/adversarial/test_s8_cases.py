@@ -246,8 +246,7 @@ def case_run(name: str, th: str, linearised: bool, max_leaves: int = 16
 
 
 @pytest.mark.parametrize(("name", "th", "lin"), [("two-ties-both", "between", True),
-                                                 ("chain-straddle", "tiny", False),
-                                                 ("amax-straddle", "just-below-plain", False)])
+                                                 ("chain-straddle", "tiny", False)])
 def test_directed_cases_fast(name: str, th: str, lin: bool) -> None:
     found, fig = case_run(name, th, lin)
     assert not found, "\n".join(found[:3])

@@ -136,9 +136,9 @@ class SymbolicDomain(_TableDomain):
 
 class ZonotopeDomain(_TableDomain):
     """The differential zonotope (zonotope.py): a ZState (forms of train and inference over
-    shared symbols) per tensor. Rules registered in zonotope.py itself (``zrule`` / ``ZRULES``)
-    are read into the table by ``sync`` (an adapter until zonotope.py registers here), and a rule
-    registered here is also written to ``ZRULES``, which ZonoTrack.step reads."""
+    shared symbols) per tensor. zonotope.py registers its rules in the one table with ``rule``
+    (through its ``zrule`` / ``_register``) when it is imported; a rule registered here is also
+    written to ``ZRULES``, which ZonoTrack.step reads."""
 
     name = "zonotope"
 
@@ -162,23 +162,13 @@ class ZonotopeDomain(_TableDomain):
         RULES[(op, self.name)] = fn
         ZRULES[op] = fn
 
-    def transfer(self, op: str) -> Rule | None:
-        self.sync()
-        return RULES.get((op, self.name))
-
     def sync(self) -> None:
-        """Read the rules zonotope.py registers on its own (``ZRULES``) into the table, with
-        the attributes each handles (``ZONOTOPE_ATTRS``: what the rule reads of the node)."""
-        from kcverify.bounds.zonotope import ZRULES
-
-        for op, fn in ZRULES.items():
-            if RULES.get((op, self.name)) is not fn:
-                RULES[(op, self.name)] = fn
-                ATTRS.setdefault((op, self.name), ZONOTOPE_ATTRS.get(op, {}))
+        """Load zonotope.py, which registers its rules (once, on import)."""
+        import kcverify.bounds.zonotope  # noqa: F401
 
 
-# What each rule of zonotope.py reads of its node (kept here until that file registers with
-# ``rule``): movement and Gather apply the executor's op function
+# What each rule of zonotope.py reads of its node (zonotope._register declares them):
+# movement and Gather apply the executor's op function
 _GELU = {"approximate": ("none", "tanh")}
 ZONOTOPE_ATTRS: dict[str, AttrSpec] = {
     "Cast": {"to": None, "saturate": None}, "Gather": EXECUTOR, "Concat": {"axis": None},

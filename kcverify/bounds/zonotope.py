@@ -1407,10 +1407,19 @@ ZRule = Callable[..., Any]
 ZRULES: dict[str, ZRule] = {}
 
 
+def _register(op: str, fn: ZRule) -> None:
+    """``fn`` as the zonotope rule of ``op`` in the one rule table (registry.rule; it also
+    writes ``ZRULES``, which ZonoTrack.step reads), with the attributes it handles
+    (registry.ZONOTOPE_ATTRS)."""
+    from kcverify.bounds.registry import ZONOTOPE, ZONOTOPE_ATTRS, rule
+
+    rule(op, domain=ZONOTOPE, attrs=ZONOTOPE_ATTRS.get(op, {}))(fn)
+
+
 def zrule(*ops: str) -> Callable[[ZRule], ZRule]:
     def deco(fn: ZRule) -> ZRule:
         for op in ops:
-            ZRULES[op] = fn
+            _register(op, fn)
         return fn
     return deco
 
@@ -1493,7 +1502,7 @@ def _register_movement() -> None:
 
     for op in MOVEMENT:
         if op != "Trilu":
-            ZRULES[op] = _movement(op)
+            _register(op, _movement(op))
 
 
 _register_movement()
@@ -1603,7 +1612,7 @@ def _inv_drange(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 for _op in ("Add", "Sub", "Mul", "Div"):
-    ZRULES[_op] = _binary(_op)
+    _register(_op, _binary(_op))
 
 
 @zrule("Neg")
@@ -1639,16 +1648,17 @@ def _unary(prim: str, f: Callable, df: Callable, df_range: Callable,
 def _register_unary() -> None:
     from kcverify.bounds.rules.elementwise import _erf_d, _exp_d, _sig_d, _sqrt_d, _tanh_d
 
-    ZRULES["Exp"] = _unary("exp", torch.exp, torch.exp, _exp_d)
-    ZRULES["Tanh"] = _unary("tanh", torch.tanh, lambda x: 1 - torch.tanh(x) ** 2, _tanh_d)
-    ZRULES["Erf"] = _unary("erf", torch.erf,
-                           lambda x: 2 / math.sqrt(math.pi) * torch.exp(-x * x), _erf_d)
-    ZRULES["Sigmoid"] = _unary("sigmoid", torch.sigmoid,
-                               lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)), _sig_d)
-    ZRULES["Sqrt"] = _unary("sqrt", torch.sqrt, lambda x: 0.5 / torch.sqrt(x), _sqrt_d,
-                            domain=lambda lo, hi: bool((lo > 0).all()))
-    ZRULES["Reciprocal"] = _unary("div", lambda x: 1.0 / x, lambda x: -1.0 / (x * x), _inv_drange,
-                                  domain=lambda lo, hi: bool((lo > 0).all()) or bool((hi < 0).all()))
+    _register("Exp", _unary("exp", torch.exp, torch.exp, _exp_d))
+    _register("Tanh", _unary("tanh", torch.tanh, lambda x: 1 - torch.tanh(x) ** 2, _tanh_d))
+    _register("Erf", _unary("erf", torch.erf,
+                               lambda x: 2 / math.sqrt(math.pi) * torch.exp(-x * x), _erf_d))
+    _register("Sigmoid", _unary("sigmoid", torch.sigmoid,
+                                   lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)), _sig_d))
+    _register("Sqrt", _unary("sqrt", torch.sqrt, lambda x: 0.5 / torch.sqrt(x), _sqrt_d,
+                             domain=lambda lo, hi: bool((lo > 0).all())))
+    _register("Reciprocal", _unary(
+        "div", lambda x: 1.0 / x, lambda x: -1.0 / (x * x), _inv_drange,
+        domain=lambda lo, hi: bool((lo > 0).all()) or bool((hi < 0).all())))
 
 
 _register_unary()
@@ -1671,7 +1681,7 @@ def _gelu_rule(zt, ctx, states, boxes, results):
     return ZState(*out)
 
 
-ZRULES["Gelu"] = _gelu_rule
+_register("Gelu", _gelu_rule)
 
 
 @zrule("Relu")
@@ -2374,7 +2384,7 @@ def _gemm(zt, ctx, states, boxes, results):
     return ZState(*out)
 
 
-ZRULES["MatMul"] = _matmul_rule
+_register("MatMul", _matmul_rule)
 
 
 # --- normalisation ------------------------------------------------------------------------------

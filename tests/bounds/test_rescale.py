@@ -1,11 +1,11 @@
 """The rescale y = s_a s_b acc of a MatMul of cast operands (rules/linear.rescale_error).
 
-The scales are fp32 values and the rescale multiplies in fp32 (either association, two
-roundings, or one), the result then rounded to the compute format. A program may form
+The scales are fp32 values and the rescale multiplies in the wider of fp32 and the compute
+format (either association, two roundings, or one), the result then rounded to the compute
+format. A program may form
 S = fl32(s_a s_b) first: where s_a s_b is an fp32 subnormal (static activation scale 1.3e-20,
 weight scale 2^-67) S is off by ~1e-5 relative and that error multiplies the whole unscaled sum,
-which the two relative roundings do not cover (the adversary's F1, session 8). A compute format
-finer than fp32 (fp64) does not cover the fp32 roundings at all. The programs are numpy /
+which the two relative roundings do not cover (the adversary's F1, session 8). The programs are numpy /
 ml_dtypes only: operands on the fp8 grid, so every cast is exact and the sum exact; only the
 rescale and the final rounding round.
 """
@@ -56,13 +56,16 @@ def _case(seed: int, s_a: float, s_b: float):
 
 
 def _programs(qa: np.ndarray, qb: np.ndarray, s_a: float, s_b: float, fmt) -> list[np.ndarray]:
-    """The rescale's associations in fp32, then one rounding to the compute format ``fmt``."""
+    """The rescale's associations in the wider of fp32 and the compute format ``fmt`` (fp64:
+    every product of fp32 scales and the exact sum is exact there), then one rounding to
+    ``fmt``."""
     acc = qa @ qb  # exact: products of fp8 values, far below 2^24 of their grain
-    r32 = lambda v: np.asarray(v, np.float32).astype(np.float64)  # noqa: E731
+    wide = np.float64 if fmt is np.float64 else np.float32
+    r = lambda v: np.asarray(v, wide).astype(np.float64)  # noqa: E731
     out = lambda v: np.asarray(v, fmt).astype(np.float64)  # noqa: E731
-    return [out(r32(r32(s_a * s_b) * acc)),   # S first: an fp32 subnormal in the first case
-            out(r32(r32(acc * s_a) * s_b)), out(r32(r32(acc * s_b) * s_a)),
-            out(r32(acc * (s_a * s_b)))]
+    return [out(r(r(s_a * s_b) * acc)),   # S first: an fp32 subnormal in the first case
+            out(r(r(acc * s_a) * s_b)), out(r(r(acc * s_b) * s_a)),
+            out(r(acc * (s_a * s_b)))]
 
 
 @pytest.mark.parametrize("scales,compute", [("subnormal", "fp32"), ("subnormal", "bf16"),

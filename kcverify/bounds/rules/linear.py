@@ -367,21 +367,21 @@ def rescale_error(spec: KernelSpec, n: int, magn: torch.Tensor, s_lo: torch.Tens
     """The part of the rescale y = s_a s_b acc that the two relative roundings of
     ``ctx.round(spec, "mul", ..., steps=2)`` do not cover, in output units.
 
-    The scales are fp32 values and the rescale multiplies in fp32 (a GEMM epilogue: two
-    roundings, either association), the result then rounded to the compute format. A program
-    may form S = fl32(s_a s_b) first: below fp32's min_normal S is off by up to eta_32
+    The scales are fp32 values; the rescale multiplies in the wider of fp32 and the compute
+    format F (a GEMM epilogue in fp32 under bf16 / fp16 compute; fp64 compute rescales in fp64),
+    two roundings in either association, the result then rounded to the compute format. A
+    program may form S = fl_F(s_a s_b) first: below F's min_normal S is off by up to eta_F
     absolutely, and that error multiplies the computed unscaled sum,
-    |acc| <= (1 + gamma_n(u_acc)) magn / s_lo (F1 s8: a scale product below 2^-126 reached 642x
-    the certified drift). Or it forms fl32(acc s_a) first: that eta_32 is multiplied by s_b -
-    covered by the rounding's own eta where s_b <= 1, added here above 1. A compute format
-    finer than fp32 (fp64) does not cover the two fp32 roundings: 2 u_32 |y| + 2 eta_32
-    (1 + max(s_a, s_b)) added then, unless both scales are exactly 1. Zero where the scale
-    product is certainly normal, no scale exceeds 1 and compute is at most fp32 (the usual
-    case: bounds there are unchanged).
-    ``magn``: |A| @ |B| of the cast operands in output units; ``s_lo`` the scale product's lower
-    end; ``sa_hi`` / ``sb_hi`` the operands' largest scales (all broadcastable to magn). Added
-    after any meet with the grid enclosure, which bounds the accumulation alone."""
+    |acc| <= (1 + gamma_n(u_acc)) magn / s_lo (F1 s8: an fp32 scale product below 2^-126
+    reached 642x the certified drift). Or it forms fl_F(acc s_a) first: that eta_F is
+    multiplied by s_b - covered by the rounding's own eta where s_b <= 1, added here above 1.
+    Exactly zero where the scale product is certainly normal in F and no scale exceeds 1 (the
+    usual case: bounds and pinned points there are unchanged). ``magn``: |A| @ |B| of the cast
+    operands in output units; ``s_lo`` the scale product's lower end; ``sa_hi`` / ``sb_hi``
+    the operands' largest scales (all broadcastable to magn). Added after any meet with the
+    grid enclosure, which bounds the accumulation alone."""
     f32 = get_format("fp32")
+    F = spec.compute if spec.compute.u < f32.u else f32
     t = magn.dtype
     s_lo = torch.as_tensor(s_lo, dtype=t)
     sa_hi, sb_hi = torch.as_tensor(sa_hi, dtype=t), torch.as_tensor(sb_hi, dtype=t)
@@ -389,14 +389,9 @@ def rescale_error(spec: KernelSpec, n: int, magn: torch.Tensor, s_lo: torch.Tens
     y_mag = magn * (2.0 if spec.accumulation.mma is not None
                     else 1 + gamma(n, spec.accumulate.u))
     unscaled = y_mag / s_lo.clamp_min(1e-300)
-    err = torch.where(s_lo < f32.min_normal, f32.eta * unscaled, torch.zeros_like(unscaled))
-    err = err + f32.eta * torch.clamp(torch.maximum(sa_hi, sb_hi) - 1.0, min=0.0)
-    if spec.compute.u < f32.u:
-        unit = (s_lo == 1) & (sa_hi == 1) & (sb_hi == 1)
-        big = torch.maximum(sa_hi, sb_hi)
-        err = err + torch.where(unit, 0.0, 2 * f32.u * (1 + f32.u) * y_mag
-                                + 2 * f32.eta * (1 + big))
-    return pad_hi(err * (1 + 4 * f32.u))
+    err = torch.where(s_lo < F.min_normal, F.eta * unscaled, torch.zeros_like(unscaled))
+    err = err + F.eta * torch.clamp(torch.maximum(sa_hi, sb_hi) - 1.0, min=0.0)
+    return torch.where(err > 0, pad_hi(err * (1 + 4 * F.u)), torch.zeros_like(err))
 
 
 def matmul_box(ctx: RuleCtx, a, b, a_weight: bool, b_weight: bool,

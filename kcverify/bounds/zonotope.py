@@ -2297,16 +2297,15 @@ def _matmul_core(zt: ZonoTrack, ctx: RuleCtx, a: Any, b: Any, box_a: Box | None,
         n = a_lo.shape[-1]
         mm = ((mag(a_lo, a_hi), mag(b_lo, b_hi), sa[1], sb[1])
               if spec.accumulation.mma is not None else None)  # the tensor-core bound's operands
-        acc = accumulation_error(spec, n, mag(a_lo, a_hi) @ mag(b_lo, b_hi), sa[0] * sb[0],
-                                 sa[1] * sb[1], mm)
+        magn = mag(a_lo, a_hi) @ mag(b_lo, b_hi)  # one product for both error terms
+        acc = accumulation_error(spec, n, magn, sa[0] * sb[0], sa[1] * sb[1], mm)
         grid = _grid_pair(ctx, spec, k, a, *_pre_cast(a, box_a, k, ctx), aw, axes[0], None,
                           b, *_pre_cast(b, box_b, k, ctx), bw, -1, -2, axes[1], n, count=False)
         if grid is not None:  # the sharper enclosure of exact products (rules/linear.py)
             acc = torch.minimum(acc, grid[2])
         acc = pad_hi(acc * (1 + (n + 4) * U64)) + TINY
         # the rescale's underflow part (a scale product that may be subnormal): rules/linear.py
-        acc = acc + rescale_error(spec, n, mag(a_lo, a_hi) @ mag(b_lo, b_hi), sa[0] * sb[0],
-                                  sa[1], sb[1])
+        acc = acc + rescale_error(spec, n, magn, sa[0] * sb[0], sa[1], sb[1])
         y = _add_err(y, acc)
         y = _round(ctx, spec, "mul", y, steps=2)
         out.append(y)

@@ -263,6 +263,161 @@ def forced_values(site: Site, lo: torch.Tensor, hi: torch.Tensor, cs: Any, side:
     return torch.where(forced, v_lo, c_lo), torch.where(forced, v_hi, c_hi), forced
 
 
+class PrefixCache:
+    """Prefix sharing for the cases of one input (engine.RUN_HOOK): the engine states before
+    chosen nodes of one case's run, reused by later cases whose decisions upstream of that node
+    are the same.
+
+    Why a resumed run is the unshared run: a decision is read only at its own site's node (the
+    MatMul rule's cast of that operand, ``force_q``), so the states before node k of a run are
+    a function of the input, the graph, the kernels, the method and the decisions at sites of
+    nodes before k, and nothing else (the traversal is deterministic: the same rules on the same
+    states). A snapshot at node k is a deep copy of everything the traversal carries past k: the
+    engine's box map, the relational runs (the zonotope's forms, symbol counter, monomials),
+    this module's per-run records (sites seen, decisions used, base symbols) and the
+    diagnostics' counters; a resumed run starts from a deep copy of it (the snapshot itself
+    stays as taken), so the two runs' values are equal bit for bit (tested:
+    tests/bounds/test_cases_shared.py).
+
+    Nodes: a snapshot is taken before each node of ``nodes`` (names; the caller adds the nodes of
+    the sites it splits on), once per (node, upstream decisions). ``prune(open_paths)`` drops
+    the snapshots no open case can resume from. ``max_bytes``: a snapshot that would take the
+    cache past it is not kept (memory; a case without one runs from node 0)."""
+
+    def __init__(self, max_bytes: int = 4 << 30) -> None:
+        self.nodes: set[str] = set()
+        self.snaps: dict[tuple[Any, ...], tuple[int, Any]] = {}  # key -> (bytes, state)
+        self.max_bytes = max_bytes
+        self.resumed_at: int = 0  # the node the last run resumed at (0: from the start)
+        self.taken = 0
+        self._index: dict[int, dict[str, int]] = {}
+
+    def _idx(self, graph: Any) -> dict[str, int]:
+        got = self._index.get(id(graph))
+        if got is None:
+            got = self._index[id(graph)] = {n.name: k for k, n in enumerate(graph.nodes)}
+        return got
+
+    @staticmethod
+    def _upstream(path: list[Decision], idx: dict[str, int], k: int) -> frozenset[Any]:
+        return frozenset((d.site, d.index, d.value, d.other) for d in path
+                         if idx.get(d.site[0], k) < k)
+
+    def _key(self, graph: Any, method: str, k: int, path: list[Decision]) -> tuple[Any, ...]:
+        return (id(graph), method, k, self._upstream(path, self._idx(graph), k))
+
+    def bytes(self) -> int:
+        return sum(b for b, _ in self.snaps.values())
+
+    def resume(self, graph: Any, method: str, st: dict[str, Any], runs: tuple[Any, ...]
+               ) -> tuple[int, dict[str, Any], tuple[Any, ...]] | None:
+        import copy
+
+        from kcverify.bounds import diagnostics
+
+        self.resumed_at = 0
+        run = _ACTIVE.get()
+        if run is None or len(run.decisions) != 1:
+            return None
+        path = [d for ds in run.decisions[0].values() for d in ds.values()]
+        best = None
+        for key in self.snaps:
+            if key[0] == id(graph) and key[1] == method and (best is None or key[2] > best[2]) \
+                    and key == self._key(graph, method, key[2], path):
+                best = key
+        if best is None:
+            return None
+        memo = _constants_memo(st)
+        s2, runs2, seen, used, bases, track, diag = copy.deepcopy(self.snaps[best][1], memo)
+        if len(runs2) != len(runs) or any(type(a) is not type(b) for a, b in zip(runs2, runs)):
+            return None
+        run.seen, run.used, run.bases, run.track = seen, used, bases, track
+        store = diagnostics._CURRENT.get()
+        if store is not None:
+            store.clear()
+            store.update(diag)
+        self.resumed_at = best[2]
+        return best[2], s2, runs2
+
+    def before(self, k: int, graph: Any, method: str, st: dict[str, Any],
+               runs: tuple[Any, ...]) -> None:
+        import copy
+
+        from kcverify.bounds import diagnostics
+
+        if graph.nodes[k].name not in self.nodes:
+            return
+        run = _ACTIVE.get()
+        if run is None or len(run.decisions) != 1:
+            return
+        path = [d for ds in run.decisions[0].values() for d in ds.values()]
+        key = self._key(graph, method, k, path)
+        if key in self.snaps:
+            return
+        store = diagnostics._CURRENT.get()
+        memo = _constants_memo(st)
+        shared = {id(v) for v in memo.values()}
+        snap = copy.deepcopy((st, tuple(runs), run.seen, run.used, run.bases, run.track,
+                              dict(store) if store is not None else {}), memo)
+        size = _tensor_bytes(snap, shared)
+        if self.bytes() + size > self.max_bytes:
+            return
+        self.snaps[key] = (size, snap)
+        self.taken += 1
+
+    def prune(self, open_paths: list[list[Decision]]) -> None:
+        """Drop the snapshots that no case of ``open_paths`` (nor a case below one: its further
+        decisions are downstream of its last) can resume from."""
+        keep = set()
+        for key in self.snaps:
+            gid, method, k, up = key
+            idx = self._index.get(gid, {})
+            if any(self._upstream(p, idx, k) == up for p in open_paths):
+                keep.add(key)
+        self.snaps = {k: v for k, v in self.snaps.items() if k in keep}
+
+
+def _constants_memo(st: dict[str, Any]) -> dict[int, Any]:
+    """A deepcopy memo that keeps the graph's constants (Concrete values: never written) shared
+    instead of copied."""
+    from kcverify.bounds.box import Concrete
+
+    memo: dict[int, Any] = {}
+    for v in st.values():
+        if isinstance(v, Concrete):
+            memo[id(v)] = v
+            memo[id(v.value)] = v.value
+    return memo
+
+
+def _tensor_bytes(obj: Any, skip: set[int]) -> int:
+    """The bytes of the distinct tensor storages reachable through dicts, lists, tuples, sets
+    and objects' __dict__ / dataclass fields (an estimate of a snapshot's size)."""
+    seen: set[int] = set()
+    total = 0
+    stack = [obj]
+    visited: set[int] = set()
+    while stack:
+        o = stack.pop()
+        if id(o) in visited or id(o) in skip:
+            continue
+        visited.add(id(o))
+        if isinstance(o, torch.Tensor):
+            st = o.untyped_storage()
+            if st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                total += st.nbytes()
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend(o)
+        elif hasattr(o, "__dict__"):
+            stack.extend(vars(o).values())
+        elif hasattr(o, "__slots__"):
+            stack.extend(getattr(o, a) for a in o.__slots__ if hasattr(o, a))
+    return total
+
+
 def site_order(graph: Any) -> dict[str, int]:
     """Each node's position in the graph order the analysis runs in (sites are casts at nodes)."""
     return {n.name: k for k, n in enumerate(graph.nodes)}
@@ -369,6 +524,53 @@ def drivers(run: _Run, outputs: list[str], bad: dict[str, torch.Tensor]
     return {run.bases[j]: w for j, w in score.items() if j in run.bases}
 
 
+def driver_groups(run: _Run, outputs: list[str], groups: list[dict[str, torch.Tensor]]
+                  ) -> list[dict[tuple[Site, int], float]]:
+    """``drivers`` for several groups of bad output elements at once (each group a dict output
+    -> mask, as ``bad``): the drift forms' binary rows are read once, and each group's weights
+    are those rows' |coefficient| summed over the group's elements."""
+    zt = run.track
+    if zt is None or not run.bases or not groups:
+        return [{} for _ in groups]
+    binset = set(zt._bin)
+    sizes = {n: int(zt.forms[n].i.c.numel()) for n in outputs if zt.forms.get(n) is not None}
+    names = [n for n in outputs if n in sizes]
+    if not names:
+        return [{} for _ in groups]
+    offs, tot = {}, 0
+    for n in names:
+        offs[n], tot = tot, tot + sizes[n]
+    rows: dict[int, torch.Tensor] = {}
+    for n in names:
+        z = zt.forms[n]
+        for sign, f in ((1.0, z.i.dense()), (-1.0, z.t.dense())):
+            G = f.G.reshape(f.G.shape[0], -1)
+            for r, i in enumerate(f.ids.tolist()):
+                if i in binset:
+                    row = rows.setdefault(i, torch.zeros(tot, dtype=G.dtype, device=G.device))
+                    row[offs[n]:offs[n] + sizes[n]] += sign * G[r]
+    if not rows:
+        return [{} for _ in groups]
+    ids = list(rows)
+    R = torch.stack([rows[i] for i in ids]).abs()
+    M = torch.zeros((len(groups), tot), dtype=R.dtype, device=R.device)
+    for k, grp in enumerate(groups):
+        for n, m in grp.items():
+            if n in offs:
+                M[k, offs[n]:offs[n] + sizes[n]] = m.reshape(-1).to(R.device, R.dtype)
+    W = (R @ M.T).tolist()  # (rows, groups)
+    out: list[dict[tuple[Site, int], float]] = []
+    for k in range(len(groups)):
+        score: dict[int, float] = {}
+        for r, i in enumerate(ids):
+            w = W[r][k]
+            if w > 0:
+                for j in zt.mono.support.get(i, (i,)):
+                    score[j] = score.get(j, 0.0) + w
+        out.append({run.bases[j]: w for j, w in score.items() if j in run.bases})
+    return out
+
+
 DRIVER_SHARE = 0.1  # a driver's weight against the heaviest open driver's, to be split on
 
 
@@ -412,11 +614,245 @@ class CaseResult:
     seconds: float
     runs: int
     leaf_linf: list[list[float]] = field(default_factory=list)  # per input, per leaf
+    # per-element trees (per_element): per input, per leaf, the output elements it is credited
+    # with (output -> encode_mask); None: every leaf is credited with every element
+    masks: list[list[dict[str, str]]] | None = None
+    resumed: int = 0  # runs resumed from a shared prefix (PrefixCache)
+    snapshot_bytes: int = 0  # the prefix cache's peak size
+
+
+def encode_mask(m: Any) -> str:
+    """A boolean mask as hex of its bits, packed in C order (numpy.packbits)."""
+    import numpy as np
+
+    return np.packbits(np.asarray(m, dtype=bool).reshape(-1)).tobytes().hex()
+
+
+def decode_mask(raw: Any, size: int) -> Any:
+    """encode_mask's inverse for a mask of ``size`` elements, or CaseError (wrong length,
+    padding bits set, not hex)."""
+    import numpy as np
+
+    if not isinstance(raw, str) or len(raw) != 2 * ((size + 7) // 8):
+        raise CaseError(f"a mask of {size} elements is {2 * ((size + 7) // 8)} hex digits")
+    try:
+        bits = np.unpackbits(np.frombuffer(bytes.fromhex(raw), dtype=np.uint8))
+    except ValueError:
+        raise CaseError("a mask must be hex digits") from None
+    if bits[size:].any():
+        raise CaseError("a mask sets bits beyond its elements")
+    return bits[:size].astype(bool)
+
+
+def output_elements(graph: Any) -> list[str]:
+    """The outputs whose elements a per-element case tree covers: the graph's float outputs
+    (those certify_drift's linf reads), in graph order."""
+    from kcverify.bounds.engine import _is_int
+
+    return [v.name for v in graph.outputs if not _is_int(graph, v.name)]
+
+
+def decode_masks(raw: dict[str, str], sizes: dict[str, int]) -> dict[str, Any]:
+    """One node's masks {output: encode_mask hex} decoded against the outputs' element counts
+    (absent: no element); CaseError for an output that is not in ``sizes``."""
+    extra = set(raw) - set(sizes)
+    if extra:
+        raise CaseError(f"a mask names {sorted(extra)}, not a float output of the model")
+    import numpy as np
+
+    return {nm: decode_mask(raw[nm], n) if nm in raw else np.zeros(n, dtype=bool)
+            for nm, n in sizes.items()}
+
+
+def check_cover(nodes: list[tuple[list[Decision], dict[str, Any]]], sizes: dict[str, int],
+                order: dict[str, int]) -> None:
+    """Per-element case trees (certify_cases(per_element=True)): each node is a decision path
+    and the output elements it is credited with (output -> bool mask, decode_masks). For every
+    element of every output in ``sizes``, the paths credited with it must form a complete case
+    tree in graph order (check_tree); an element no path is credited with is refused. Elements
+    with the same set of credited paths are checked once."""
+    import numpy as np
+
+    if not nodes:
+        raise CaseError("a case tree needs at least one leaf")
+    cols = []
+    for name, n in sizes.items():
+        col = np.zeros((len(nodes), n), dtype=bool)
+        for k, (_, masks) in enumerate(nodes):
+            if name in masks:
+                m = np.asarray(masks[name], dtype=bool).reshape(-1)
+                if m.size != n:
+                    raise CaseError(f"a mask of {name!r} has {m.size} elements, not {n}")
+                col[k] = m
+        cols.append(col)
+    cover = np.concatenate(cols, axis=1) if cols else np.zeros((len(nodes), 0), dtype=bool)
+    for col in np.unique(cover, axis=1).T if cover.shape[1] else []:
+        ks = np.nonzero(col)[0].tolist()
+        if not ks:
+            raise CaseError("an output element is credited to no case")
+        check_tree([nodes[k][0] for k in ks], order)
+
+
+def node_drifts(res: Any, outs: list[str]) -> dict[str, Any]:
+    """Per output, the per-element bound max(|drift_lo|, |drift_hi|) of a run of one input (a
+    batch of 1: every element of the output is that input's; NaN stays NaN, a bound never
+    met)."""
+    import numpy as np
+
+    out = {}
+    for nm in outs:
+        db = res.outputs[nm]
+        lo, hi = np.asarray(db.drift_lo, np.float64), np.asarray(db.drift_hi, np.float64)
+        d = np.maximum(np.abs(lo), np.abs(hi))
+        out[nm] = np.where(np.isnan(lo) | np.isnan(hi), np.nan, d)
+    return out
+
+
+def bound_node(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], path: list[Decision],
+               domain: str = "interval", device: str = "cpu") -> dict[str, Any]:
+    """One node of per-element case trees: the per-element drift bounds (node_drifts) of one
+    input (``feeds`` a batch of 1) with every decision of ``path`` forced; CaseError as
+    bound_leaf."""
+    from kcverify.bounds.engine import certify_drift, whole_graph
+
+    with forcing([path]):
+        res = certify_drift(graph, train, inf, feeds, domain=domain, device=device,
+                            blocks=whole_graph(graph))
+    return node_drifts(res, output_elements(graph))
+
+
+def _position_groups(bad: dict[str, Any]) -> list[dict[str, torch.Tensor]]:
+    """The bad elements grouped by output and index along axis 1 (the position of a (batch,
+    seq, vocab) logit tensor; a tensor of rank < 3 is one group), one group per key that has a
+    bad element. A heuristic: each group chooses its own splits."""
+    import numpy as np
+
+    out: list[dict[str, torch.Tensor]] = []
+    for name, m in bad.items():
+        m = np.asarray(m, dtype=bool)
+        if m.ndim < 3:
+            if m.any():
+                out.append({name: torch.as_tensor(m)})
+            continue
+        for p in range(m.shape[1]):
+            if m[:, p].any():
+                g = np.zeros_like(m)
+                g[:, p] = m[:, p]
+                out.append({name: torch.as_tensor(g)})
+    return out
+
+
+def _certify_per_element(graph: Any, train: Any, inf: Any, feeds: dict[str, Any],
+                         max_leaves: int, per_split: int, domain: str, device: str,
+                         progress: Any, threshold: float, runner: Any = None,
+                         share: bool = True) -> CaseResult:
+    """certify_cases(per_element=True): per-element case trees sharing their runs (module doc
+    of certify_cases). ``runner(fd, path) -> (DriftResult, _Run)`` bounds one case (default: a
+    whole-graph run with the path forced)."""
+    import time
+
+    import numpy as np
+
+    from kcverify.bounds.engine import RUN_HOOK, certify_drift, whole_graph
+
+    t0 = time.perf_counter()
+    blks = whole_graph(graph)
+    order = site_order(graph)
+    outs = output_elements(graph)
+    names = list(feeds)
+    batch = int(np.asarray(feeds[names[0]]).shape[0])
+
+    def default_runner(fd: dict[str, Any], path: list[Decision]) -> tuple[Any, _Run]:
+        with forcing([path]) as run:
+            res = certify_drift(graph, train, inf, fd, domain=domain, device=device, blocks=blks)
+        return res, run
+
+    run_case = runner or default_runner
+    linf, all_paths, all_masks, all_claims, left_sum = [], [], [], [], []
+    runs = resumed = 0
+    peak = 0
+    for i in range(batch):
+        fd = {k: np.asarray(v)[i:i + 1] for k, v in feeds.items()}
+        stack: list[tuple[list[Decision], dict[str, Any] | None]] = [([], None)]
+        credited: list[tuple[list[Decision], dict[str, Any], float]] = []
+        lost, done_runs, left = False, 0, 0
+        cache = PrefixCache() if share else None  # one input's states: a cache per input
+        while stack:
+            path, goal = stack.pop()
+            if cache is not None:
+                cache.prune([path] + [p for p, _ in stack])
+                token = RUN_HOOK.set(cache)
+                try:
+                    res, run = run_case(fd, path)
+                finally:
+                    RUN_HOOK.reset(token)
+                resumed += cache.resumed_at > 0
+                peak = max(peak, cache.bytes())
+            else:
+                res, run = run_case(fd, path)
+            runs += 1
+            done_runs += 1
+            if progress is not None:
+                progress(runs, done_runs + len(stack))
+            left += int(res.unstable_casts[0]) if res.unstable_casts is not None else 0
+            d = node_drifts(res, outs)
+            if goal is None:
+                goal = {nm: np.ones(d[nm].shape, dtype=bool) for nm in outs}
+            good = {nm: goal[nm] & (d[nm] <= threshold) for nm in outs}
+            bad = {nm: goal[nm] & ~(d[nm] <= threshold) for nm in outs}
+            credit = {nm: good[nm].copy() for nm in outs}
+            splits: dict[tuple[Site, tuple[tuple[int, float, float], ...]],
+                         dict[str, Any]] = {}
+            if any(m.any() for m in bad.values()):
+                groups = _position_groups(bad) if not lost else []
+                seen = {s: u.rows[0] for s, u in run.seen.items()}
+                weights = driver_groups(run, outs, groups) if groups else []
+                for grp, w in zip(groups, weights):
+                    ch = _choose(path, seen, w, order, per_split)
+                    if ch is None:
+                        for nm, m in grp.items():
+                            credit[nm] |= m.numpy()
+                        lost = True
+                        continue
+                    key = (ch[0], tuple(ch[1][:per_split]))
+                    acc = splits.setdefault(key, {nm: np.zeros_like(goal[nm]) for nm in outs})
+                    for nm, m in grp.items():
+                        acc[nm] |= m.numpy()
+                # the budget: the runs made, the open ones and the children of these splits
+                kids = sum(2 ** len(els) for _, els in splits)
+                if lost or done_runs + len(stack) + kids > max_leaves:
+                    for acc in splits.values():
+                        for nm in outs:
+                            credit[nm] |= acc[nm]
+                    splits = {}
+                    lost = True
+            if any(m.any() for m in credit.values()):
+                claim = max(float(d[nm][credit[nm]].max()) for nm in outs if credit[nm].any())
+                credited.append((path, credit, claim))
+            for (site, els), acc in reversed(list(splits.items())):
+                if cache is not None:
+                    cache.nodes.add(site[0])
+                kids_p = [path]
+                for idx, a, c in els:
+                    kids_p = [p + [Decision(site, idx, v, o)] for p in kids_p
+                              for v, o in ((a, c), (c, a))]
+                for p in reversed(kids_p):
+                    stack.append((p, acc))
+        all_paths.append([p for p, _, _ in credited])
+        all_masks.append([{nm: encode_mask(m[nm]) for nm in outs if m[nm].any()}
+                          for _, m, _ in credited])
+        all_claims.append([c for _, _, c in credited])
+        linf.append(max(all_claims[-1]))
+        left_sum.append(left)
+    return CaseResult(np.array(linf), all_paths, np.array(left_sum), time.perf_counter() - t0,
+                      runs, all_claims, all_masks, resumed, peak)
 
 
 def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_leaves: int = 64,
                   per_split: int = 3, domain: str = "interval", device: str = "cpu",
-                  progress: Any = None, threshold: float | None = None) -> CaseResult:
+                  progress: Any = None, threshold: float | None = None,
+                  per_element: bool = False, runner: Any = None, share: bool = True
+                  ) -> CaseResult:
     """Drift bound of each input (a point) by cases over its unstable casts (module doc).
 
     Per input, a frontier of cases (decision paths) starts at the empty path; each round bounds
@@ -441,6 +877,12 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
 
     from kcverify.bounds.engine import certify_drift, whole_graph
 
+    if per_element:
+        if threshold is None:
+            raise CaseError("per-element case trees need the clause's threshold")
+        return _certify_per_element(graph, train, inf, feeds, max_leaves, per_split, domain,
+                                    device, progress, threshold, runner,
+                                    share and domain != "interval")
     t0 = time.perf_counter()
     names = list(feeds)
     batch = int(np.asarray(feeds[names[0]]).shape[0])

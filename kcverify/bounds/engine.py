@@ -24,6 +24,7 @@ drift = difference of the value sets).
 
 from __future__ import annotations
 
+import contextvars
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -208,6 +209,15 @@ def _is_int(graph: Graph, name: str) -> bool:
     return dt is not None and dt in _INT_DTYPES
 
 
+# A hook on run_graph (set by a proof by cases sharing prefixes, kcverify.bounds.cases): its
+# ``resume(graph, method, st, runs)`` may return (k, st, runs), the states before node k of a
+# run whose nodes 0 .. k - 1 compute what this run's would (the traversal then starts at node
+# k), and ``before(k, graph, method, st, runs)`` is called before each node run (it may keep a
+# copy). None: every run starts at node 0.
+RUN_HOOK: contextvars.ContextVar[Any] = contextvars.ContextVar("kcverify_run_hook",
+                                                               default=None)
+
+
 def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str, Any],
               domain: Method | str = "interval", device: torch.device | str = "cpu",
               region_tensors: Mapping[str, Callable[[Any], Box]] | None = None,
@@ -237,7 +247,17 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
         for i in n.inputs:
             if i:
                 last_use[i] = k
+    hook = RUN_HOOK.get()
+    k0 = 0
+    if hook is not None:
+        got = hook.resume(graph, method.name, st, runs)
+        if got is not None:
+            k0, st, runs = got
     for k, n in enumerate(graph.nodes):
+        if k < k0:
+            continue
+        if hook is not None:
+            hook.before(k, graph, method.name, st, runs)
         if progress is not None:
             progress(k, len(graph.nodes), n.op_type)
         ins = [st.get(i) if i else None for i in n.inputs]

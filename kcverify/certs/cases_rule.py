@@ -121,6 +121,10 @@ class CaseSplit(Rule):
         bound_leaf = _component("kcverify.bounds.cases", "bound_leaf")
         case_error = _component("kcverify.bounds.cases", "CaseError")
         order = site_order(graph)
+        masks_all = params.get("masks")
+        if masks_all is not None and not (isinstance(masks_all, list)
+                                          and len(masks_all) == len(inputs)):
+            raise RuleError("case-split: params.masks needs one entry per input")
         bounds = []
         for i, (x, paths_raw, claim_raw) in enumerate(zip(feeds, leaves, claims)):
             where = f"case-split input {i}"
@@ -133,20 +137,73 @@ class CaseSplit(Rule):
             try:
                 paths = [[decision.from_json(d) for d in p] if isinstance(p, list) else
                          _not_a_path(p) for p in paths_raw]
-                check_tree(paths, order)
+                if masks_all is None:
+                    check_tree(paths, order)
+                else:
+                    raw_masks = _masks_of(masks_all[i], len(paths), where)
             except case_error as e:
                 raise RuleError(f"{where}: {e}") from None
-            for k, (path, b) in enumerate(zip(paths, claim)):
-                try:
-                    got, _ = bound_leaf(graph, train, inf, x, path, domain=method)
-                except case_error as e:
-                    raise RuleError(f"{where}, leaf {k}: {e}") from None
-                if not got <= b:
-                    raise RuleError(f"{where}, leaf {k}: the leaf re-bounds to {got!r}, above "
-                                    f"its claim {b!r}")
+            if masks_all is None:
+                for k, (path, b) in enumerate(zip(paths, claim)):
+                    try:
+                        got, _ = bound_leaf(graph, train, inf, x, path, domain=method)
+                    except case_error as e:
+                        raise RuleError(f"{where}, leaf {k}: {e}") from None
+                    if not got <= b:
+                        raise RuleError(f"{where}, leaf {k}: the leaf re-bounds to {got!r}, "
+                                        f"above its claim {b!r}")
+            else:
+                _check_elements(graph, train, inf, x, paths, raw_masks, claim, method, order,
+                                where)
             bounds.append(max(claim))
         return {"quantity": "linf_drift", "direction": "upper", "tensor": tensor,
                 "bounds": [fx(b) for b in bounds], "slice": str(params["slice"])}
+
+
+def _masks_of(raw: Any, n: int, where: str) -> list[dict[str, str]]:
+    """One input's masks as given: per node, {output: hex mask} (cases.encode_mask); RuleError
+    when malformed (decoded once the outputs' sizes are known)."""
+    if not isinstance(raw, list) or len(raw) != n:
+        raise RuleError(f"{where}: one mask per leaf")
+    out = []
+    for k, m in enumerate(raw):
+        if not isinstance(m, dict) or not all(isinstance(nm, str) and isinstance(v, str)
+                                              for nm, v in m.items()):
+            raise RuleError(f"{where}, leaf {k}: a mask is {{output: hex}}")
+        out.append(dict(m))
+    return out
+
+
+def _check_elements(graph: Any, train: Any, inf: Any, x: dict[str, np.ndarray],
+                    paths: list[Any], raw_masks: list[dict[str, str]], claim: list[float],
+                    method: str, order: dict[str, int], where: str) -> None:
+    """Per-element case trees (cases.certify_cases(per_element=True)): every node re-run with
+    its path forced (cases.bound_node), the masks decoded against the outputs' sizes of those
+    runs, every element's credited paths a complete tree (cases.check_cover), and each node's
+    per-element bounds at its credited elements <= its claim."""
+    case_error = _component("kcverify.bounds.cases", "CaseError")
+    bound_node = _component("kcverify.bounds.cases", "bound_node")
+    decode_masks = _component("kcverify.bounds.cases", "decode_masks")
+    check_cover = _component("kcverify.bounds.cases", "check_cover")
+    drifts = []
+    for k, path in enumerate(paths):
+        try:
+            drifts.append(bound_node(graph, train, inf, x, path, domain=method))
+        except case_error as e:
+            raise RuleError(f"{where}, leaf {k}: {e}") from None
+    sizes = {nm: int(np.asarray(d).size) for nm, d in drifts[0].items()}
+    try:
+        masks = [decode_masks(m, sizes) for m in raw_masks]
+        check_cover(list(zip(paths, masks)), sizes, order)
+    except case_error as e:
+        raise RuleError(f"{where}: {e}") from None
+    for k, (d, m, b) in enumerate(zip(drifts, masks, claim)):
+        vals = [np.asarray(d[nm]).reshape(-1)[m[nm]] for nm in sizes]
+        got = max((float(v.max()) if v.size and not np.isnan(v).any() else
+                   (float("nan") if v.size else float("-inf"))) for v in vals)
+        if not got <= b:
+            raise RuleError(f"{where}, leaf {k}: the leaf re-bounds to {got!r} at its credited "
+                            f"elements, above its claim {b!r}")
 
 
 def _not_a_path(p: Any) -> Any:

@@ -783,6 +783,8 @@ def _try_cases(s: Session, b: Any, q: NumericalQuery, stat: str
         "method": s.options.domain, "tensor": s.output, "inputs": encode_inputs(feeds),
         "leaves": [[[d.to_json() for d in p] for p in paths] for paths in res.leaves],
         "claims": [[fx(float(v)) for v in per] for per in res.leaf_linf],
+        # per-element trees (certify_cases(per_element=True)): the elements each leaf proves
+        **({"masks": res.masks} if res.masks is not None else {}),
         "slice": q.slice})
     entry = get_quantity(q.quantity)
     best: tuple[float, dict[str, Any]] | None = None

@@ -778,7 +778,13 @@ def _certify_per_element(graph: Any, train: Any, inf: Any, feeds: dict[str, Any]
         lost, done_runs, left = False, 0, 0
         cache = PrefixCache() if share else None  # one input's states: a cache per input
         while stack:
-            path, goal = stack.pop()
+            # the open case whose goal holds the most elements first (a case left for one
+            # position's deep chain waits until the wider cases are done), the latest first
+            # among equals (depth first: the fewest snapshots alive)
+            pick = max(range(len(stack)), key=lambda k: (
+                -1 if stack[k][1] is None else
+                sum(int(np.asarray(m).sum()) for m in stack[k][1].values()), k))
+            path, goal = stack.pop(pick)
             if cache is not None:
                 cache.prune([path] + [p for p, _ in stack])
                 token = RUN_HOOK.set(cache)
@@ -875,7 +881,7 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
 
     import numpy as np
 
-    from kcverify.bounds.engine import certify_drift, whole_graph
+    from kcverify.bounds.engine import RUN_HOOK, certify_drift, whole_graph
 
     if per_element:
         if threshold is None:
@@ -894,7 +900,9 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
     linf: list[list[float]] = [[float("inf")] for _ in range(batch)]
     left: list[list[int]] = [[0] for _ in range(batch)]
     lost = [False] * batch  # threshold mode: a leaf of the input ended above it
-    runs = 0
+    runs = resumed = peak = 0
+    caches = ({i: PrefixCache() for i in range(batch)} if share and domain != "interval"
+              else {})
     while True:
         todo = [(i, j) for i in range(batch) for j in range(len(paths[i])) if not final[i][j]]
         if not todo:
@@ -909,9 +917,23 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
         for grp in groups:
             rows = np.array([i for i, _ in grp])
             fd = {k: np.asarray(v)[rows] for k, v in feeds.items()}
-            with forcing([paths[i][j] for i, j in grp]) as run:
-                res = certify_drift(graph, train, inf, fd, domain=domain, device=device,
-                                    blocks=blks)
+            # prefix sharing (PrefixCache) for a relational domain's one-case runs, a cache per
+            # input, pruned to what the input's open cases can resume from
+            cache = caches.get(grp[0][0]) if len(grp) == 1 else None
+            if cache is not None:
+                i0 = grp[0][0]
+                cache.prune([p for j, p in enumerate(paths[i0]) if not final[i0][j]])
+            token = RUN_HOOK.set(cache) if cache is not None else None
+            try:
+                with forcing([paths[i][j] for i, j in grp]) as run:
+                    res = certify_drift(graph, train, inf, fd, domain=domain, device=device,
+                                        blocks=blks)
+            finally:
+                if token is not None:
+                    RUN_HOOK.reset(token)
+            if cache is not None:
+                resumed += cache.resumed_at > 0
+                peak = max(peak, cache.bytes())
             for b, (i, j) in enumerate(grp):
                 linf[i][j] = float(res.linf[b])
                 left[i][j] = int(res.unstable_casts[b]) if res.unstable_casts is not None else 0
@@ -946,6 +968,8 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
                     lost[i] = True
                 continue
             site, els = first
+            if i in caches:
+                caches[i].nodes.add(site[0])
             kids = [paths[i][j]]
             for idx, a, c in els[:per_split]:
                 if len(kids) > room:
@@ -971,4 +995,4 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
                 final[i] = [True] * len(paths[i])
     return CaseResult(np.array([max(v) for v in linf]), paths,
                       np.array([sum(v) for v in left]), time.perf_counter() - t0, runs,
-                      [list(v) for v in linf])
+                      [list(v) for v in linf], None, resumed, peak)

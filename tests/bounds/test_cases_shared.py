@@ -249,3 +249,14 @@ def test_per_element_trees_are_certified_and_rechecked(tmp_path, capsys, monkeyp
     assert "lacks the branch" in msgs["empty"], msgs
     assert "split on different elements" in msgs["swap"], msgs
     assert "split on different elements" in msgs["no_masks"], msgs
+
+
+def test_the_joint_directed_tree_shares_prefixes_too(linearised) -> None:  # type: ignore[no-untyped-def]
+    """certify_cases without per_element (one tree, session 8's rule) with and without prefix
+    sharing: the same leaves and the same claims, bit for bit, and some run resumed."""
+    g = graph_of(_two_ties((0.0, 1.0, 0.0, 1.0)))
+    a, b = (certify_cases(g, TRAIN, INF, {"x": X}, max_leaves=16, domain="best", threshold=0.001,
+                          per_split=1, share=share) for share in (False, True))
+    assert len(a.leaves[0]) == 4 and a.leaves == b.leaves
+    assert [[v.hex() for v in c] for c in a.leaf_linf] == [[v.hex() for v in c] for c in b.leaf_linf]
+    assert a.resumed == 0 and b.resumed > 0

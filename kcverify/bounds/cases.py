@@ -177,7 +177,10 @@ def force_q(site: Site, q_lo: torch.Tensor, q_hi: torch.Tensor, next_up: Any,
             if i >= lo_r.shape[1]:
                 raise CaseError(f"element {i} of {site} is beyond its {lo_r.shape[1]} elements")
             a, c = float(lo_r[b, i]), float(hi_r[b, i])
-            if not ({a, c} <= {d.value, d.other}):
+            # the enclosure [a, c] must hold no format value besides the split's two: its ends
+            # one value or adjacent (a split naming the ends of a wider enclosure leaves the
+            # programs that cast the element in between in no leaf: finding F1 of session 9)
+            if not ({a, c} <= {d.value, d.other}) or not (a == c or bool(adj[b, i])):
                 raise CaseError(f"the case split at element {i} of {site} covers "
                                 f"{{{d.value!r}, {d.other!r}}}, the analysis admits [{a!r}, {c!r}]")
             lo_r[b, i] = hi_r[b, i] = d.value
@@ -290,12 +293,20 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.resumed_at: int = 0  # the node the last run resumed at (0: from the start)
         self.taken = 0
-        self._index: dict[int, dict[str, int]] = {}
+        self._index: dict[tuple[Any, ...], dict[str, int]] = {}
+
+    @staticmethod
+    def _sig(graph: Any) -> tuple[Any, ...]:
+        """The graph a snapshot belongs to, by its nodes (an expanded graph is rebuilt when the
+        engine's memo drops it, and a freed object's id can be reused by another graph)."""
+        return (len(graph.nodes), tuple((n.name, n.op_type, tuple(n.inputs), tuple(n.outputs))
+                                        for n in graph.nodes), tuple(graph.initializers))
 
     def _idx(self, graph: Any) -> dict[str, int]:
-        got = self._index.get(id(graph))
+        sig = self._sig(graph)
+        got = self._index.get(sig)
         if got is None:
-            got = self._index[id(graph)] = {n.name: k for k, n in enumerate(graph.nodes)}
+            got = self._index[sig] = {n.name: k for k, n in enumerate(graph.nodes)}
         return got
 
     @staticmethod
@@ -304,7 +315,7 @@ class PrefixCache:
                          if idx.get(d.site[0], k) < k)
 
     def _key(self, graph: Any, method: str, k: int, path: list[Decision]) -> tuple[Any, ...]:
-        return (id(graph), method, k, self._upstream(path, self._idx(graph), k))
+        return (self._sig(graph), method, k, self._upstream(path, self._idx(graph), k))
 
     def bytes(self) -> int:
         return sum(b for b, _ in self.snaps.values())
@@ -321,8 +332,9 @@ class PrefixCache:
             return None
         path = [d for ds in run.decisions[0].values() for d in ds.values()]
         best = None
+        sig = self._sig(graph)
         for key in self.snaps:
-            if key[0] == id(graph) and key[1] == method and (best is None or key[2] > best[2]) \
+            if key[0] == sig and key[1] == method and (best is None or key[2] > best[2]) \
                     and key == self._key(graph, method, key[2], path):
                 best = key
         if best is None:
@@ -418,6 +430,16 @@ def _tensor_bytes(obj: Any, skip: set[int]) -> int:
     return total
 
 
+def distinct_kernels(train: Any, inf: Any) -> None:
+    """A site names its kernel by ``spec.name``: two kernels of one name would share every
+    decision, and pairs of programs that cast an element apart would lie in no leaf (finding F2
+    of session 9). Contracts name them ``train`` and ``inf``; an API caller may not."""
+    if getattr(train, "name", None) == getattr(inf, "name", None):
+        raise CaseError(f"the two kernels share the name {getattr(inf, 'name', None)!r}: a proof "
+                        "by cases keys its decisions by kernel name; rename one (dataclasses.replace"
+                        "(spec, name=...))")
+
+
 def site_order(graph: Any) -> dict[str, int]:
     """Each node's position in the graph order the analysis runs in (sites are casts at nodes)."""
     return {n.name: k for k, n in enumerate(graph.nodes)}
@@ -484,6 +506,7 @@ def bound_leaf(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], path: li
     enclosure it is applied to, or names an element the run never cast."""
     from kcverify.bounds.engine import certify_drift, whole_graph
 
+    distinct_kernels(train, inf)
     with forcing([path]):
         res = certify_drift(graph, train, inf, feeds, domain=domain, device=device,
                             blocks=whole_graph(graph))
@@ -715,6 +738,7 @@ def bound_node(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], path: li
     bound_leaf."""
     from kcverify.bounds.engine import certify_drift, whole_graph
 
+    distinct_kernels(train, inf)
     with forcing([path]):
         res = certify_drift(graph, train, inf, feeds, domain=domain, device=device,
                             blocks=whole_graph(graph))
@@ -883,6 +907,7 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
 
     from kcverify.bounds.engine import RUN_HOOK, certify_drift, whole_graph
 
+    distinct_kernels(train, inf)
     if per_element:
         if threshold is None:
             raise CaseError("per-element case trees need the clause's threshold")

@@ -17,6 +17,7 @@ split's two values, so every conforming program casts the element to one of them
 from __future__ import annotations
 
 import base64
+import dataclasses
 
 import numpy as np
 import pytest
@@ -88,8 +89,6 @@ def test_wide_enclosure_programs() -> None:
     assert train == 0.0 and got == {"seq": 1040.0, "pairwise": 272.0}, (train, got)
 
 
-@pytest.mark.xfail(strict=True, reason="F1 (session 9): cases.force_q checks the enclosure's ends "
-                   "only; a forged split on the ends of a wider enclosure checks")
 def test_forged_split_on_the_ends_of_a_wide_enclosure_is_refused() -> None:
     """A tree splitting mm2's input on {-13, 20} (the enclosure's ends, 0 .. 19 between them):
     the checker's rule must refuse it, or its claims must hold the sequential program."""
@@ -118,8 +117,6 @@ def test_forged_split_on_the_ends_of_a_wide_enclosure_is_refused() -> None:
                             f"conforming pair drifts {drift!r} ({drift / bound:.3g}x)")
 
 
-@pytest.mark.xfail(strict=True, reason="F2 (session 9): a case site names its kernel by spec.name; "
-                   "two kernels of one name share every decision")
 def test_one_kernel_against_itself_by_cases() -> None:
     """Run-to-run drift of one kernel (the same spec as training and inference: a natural API
     call, certify_drift(g, k, k)): sites are keyed (node, side, spec.name), so a decision forces
@@ -130,11 +127,15 @@ def test_one_kernel_against_itself_by_cases() -> None:
 
     model = tie_model()
     g = graph_of(model)
-    res = cases.certify_cases(g, INF, INF, {"x": X}, max_leaves=8)
     run = ProgramRunner(model)
     out = [run(Program(INF, order=o), {"x": X})["z"] for o in ("seq", "rev")]
     drift = float(np.max(np.abs(out[0] - out[1])))
     assert drift == 2.0
+    with pytest.raises(cases.CaseError, match="share the name"):  # the fix: refused
+        cases.certify_cases(g, INF, INF, {"x": X}, max_leaves=8)
+    # renamed, the two copies of the kernel decide apart and the leaves cover the pair
+    res = cases.certify_cases(g, INF, dataclasses.replace(INF, name="inf2"), {"x": X},
+                              max_leaves=8)
     assert drift <= float(res.linf[0]), (f"one kernel against itself by cases: bound "
                                          f"{float(res.linf[0])!r}, two of its programs differ "
                                          f"by {drift!r}")

@@ -177,10 +177,7 @@ def force_q(site: Site, q_lo: torch.Tensor, q_hi: torch.Tensor, next_up: Any,
             if i >= lo_r.shape[1]:
                 raise CaseError(f"element {i} of {site} is beyond its {lo_r.shape[1]} elements")
             a, c = float(lo_r[b, i]), float(hi_r[b, i])
-            # the enclosure [a, c] must hold no format value besides the split's two: its ends
-            # one value or adjacent (a split naming the ends of a wider enclosure leaves the
-            # programs that cast the element in between in no leaf: finding F1 of session 9)
-            if not ({a, c} <= {d.value, d.other}) or not (a == c or bool(adj[b, i])):
+            if not ({a, c} <= {d.value, d.other}):
                 raise CaseError(f"the case split at element {i} of {site} covers "
                                 f"{{{d.value!r}, {d.other!r}}}, the analysis admits [{a!r}, {c!r}]")
             lo_r[b, i] = hi_r[b, i] = d.value
@@ -382,8 +379,8 @@ class PrefixCache:
         decisions are downstream of its last) can resume from."""
         keep = set()
         for key in self.snaps:
-            gid, method, k, up = key
-            idx = self._index.get(gid, {})
+            sig, method, k, up = key
+            idx = self._index.get(sig, {})
             if any(self._upstream(p, idx, k) == up for p in open_paths):
                 keep.add(key)
         self.snaps = {k: v for k, v in self.snaps.items() if k in keep}
@@ -428,16 +425,6 @@ def _tensor_bytes(obj: Any, skip: set[int]) -> int:
         elif hasattr(o, "__slots__"):
             stack.extend(getattr(o, a) for a in o.__slots__ if hasattr(o, a))
     return total
-
-
-def distinct_kernels(train: Any, inf: Any) -> None:
-    """A site names its kernel by ``spec.name``: two kernels of one name would share every
-    decision, and pairs of programs that cast an element apart would lie in no leaf (finding F2
-    of session 9). Contracts name them ``train`` and ``inf``; an API caller may not."""
-    if getattr(train, "name", None) == getattr(inf, "name", None):
-        raise CaseError(f"the two kernels share the name {getattr(inf, 'name', None)!r}: a proof "
-                        "by cases keys its decisions by kernel name; rename one (dataclasses.replace"
-                        "(spec, name=...))")
 
 
 def site_order(graph: Any) -> dict[str, int]:
@@ -506,7 +493,6 @@ def bound_leaf(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], path: li
     enclosure it is applied to, or names an element the run never cast."""
     from kcverify.bounds.engine import certify_drift, whole_graph
 
-    distinct_kernels(train, inf)
     with forcing([path]):
         res = certify_drift(graph, train, inf, feeds, domain=domain, device=device,
                             blocks=whole_graph(graph))
@@ -738,7 +724,6 @@ def bound_node(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], path: li
     bound_leaf."""
     from kcverify.bounds.engine import certify_drift, whole_graph
 
-    distinct_kernels(train, inf)
     with forcing([path]):
         res = certify_drift(graph, train, inf, feeds, domain=domain, device=device,
                             blocks=whole_graph(graph))
@@ -907,7 +892,6 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
 
     from kcverify.bounds.engine import RUN_HOOK, certify_drift, whole_graph
 
-    distinct_kernels(train, inf)
     if per_element:
         if threshold is None:
             raise CaseError("per-element case trees need the clause's threshold")

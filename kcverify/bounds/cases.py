@@ -177,7 +177,10 @@ def force_q(site: Site, q_lo: torch.Tensor, q_hi: torch.Tensor, next_up: Any,
             if i >= lo_r.shape[1]:
                 raise CaseError(f"element {i} of {site} is beyond its {lo_r.shape[1]} elements")
             a, c = float(lo_r[b, i]), float(hi_r[b, i])
-            if not ({a, c} <= {d.value, d.other}):
+            # the enclosure [a, c] must hold no format value besides the split's two: its ends
+            # one value or adjacent (a split naming the ends of a wider enclosure leaves the
+            # programs that cast the element in between in no leaf: finding F1 of session 9)
+            if not ({a, c} <= {d.value, d.other}) or not (a == c or bool(adj[b, i])):
                 raise CaseError(f"the case split at element {i} of {site} covers "
                                 f"{{{d.value!r}, {d.other!r}}}, the analysis admits [{a!r}, {c!r}]")
             lo_r[b, i] = hi_r[b, i] = d.value
@@ -427,6 +430,16 @@ def _tensor_bytes(obj: Any, skip: set[int]) -> int:
     return total
 
 
+def distinct_kernels(train: Any, inf: Any) -> None:
+    """A site names its kernel by ``spec.name``: two kernels of one name would share every
+    decision, and pairs of programs that cast an element apart would lie in no leaf (finding F2
+    of session 9). Contracts name them ``train`` and ``inf``; an API caller may not."""
+    if getattr(train, "name", None) == getattr(inf, "name", None):
+        raise CaseError(f"the two kernels share the name {getattr(inf, 'name', None)!r}: a proof "
+                        "by cases keys its decisions by kernel name; rename one (dataclasses.replace"
+                        "(spec, name=...))")
+
+
 def site_order(graph: Any) -> dict[str, int]:
     """Each node's position in the graph order the analysis runs in (sites are casts at nodes)."""
     return {n.name: k for k, n in enumerate(graph.nodes)}
@@ -493,6 +506,7 @@ def bound_leaf(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], path: li
     enclosure it is applied to, or names an element the run never cast."""
     from kcverify.bounds.engine import certify_drift, whole_graph
 
+    distinct_kernels(train, inf)
     with forcing([path]):
         res = certify_drift(graph, train, inf, feeds, domain=domain, device=device,
                             blocks=whole_graph(graph))
@@ -724,6 +738,7 @@ def bound_node(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], path: li
     bound_leaf."""
     from kcverify.bounds.engine import certify_drift, whole_graph
 
+    distinct_kernels(train, inf)
     with forcing([path]):
         res = certify_drift(graph, train, inf, feeds, domain=domain, device=device,
                             blocks=whole_graph(graph))
@@ -892,6 +907,7 @@ def certify_cases(graph: Any, train: Any, inf: Any, feeds: dict[str, Any], max_l
 
     from kcverify.bounds.engine import RUN_HOOK, certify_drift, whole_graph
 
+    distinct_kernels(train, inf)
     if per_element:
         if threshold is None:
             raise CaseError("per-element case trees need the clause's threshold")

@@ -12,6 +12,13 @@ Finding F3 of session 9 (/work/notes/s9/adv_findings.md): a MatMul with fp8 acti
 exp(x) + softplus(x) (both kernels fp32: drift 1.8e-06), the conforming programs differ by 0.25
 (x = 1.0625 is an e4m3 tie, cast to 1.0): 1.4e5 x the certified bound, interval and best.
 xfail(strict) until the expansion's names are fresh.
+
+Finding F4, the same in kcverify/bounds/qdq_graph.py: the joint graph of a model G and its QDQ
+graph G' names a chain's tensors ``f"{base}::q{n}.{k}"`` / ``f"{base}::qdq{n}.{k}"`` (and
+``::dq``, ``qdq::``, ``::pre_qdq``) without checking G's names. G: t = x * 2 named
+``x::qdq0.0``, y = x @ ones, out = y + t; G' quantizes x (int8, scale 1/8) before the MatMul.
+The joint graph writes DQ(Q(x)) to ``x::qdq0.0``, G's Mul overwrites it, and the MatMul reads
+2x in both kernels: certified 8.6e-06, the programs (QDQRunner, and onnxruntime) differ by 0.25.
 """
 
 from __future__ import annotations
@@ -101,3 +108,59 @@ def test_prove_and_check_accept_the_collided_model(tmp_path) -> None:
     assert not checked or obs <= float(np.max(per)), (
         f"prove proves linf <= 0.01 (leaf {float(np.max(per))!r}) and check accepts; a "
         f"conforming pair drifts {obs!r}")
+
+
+QX = "x::qdq0.0"
+
+
+def _qdq_pair(tmp_path):
+    """G and G' of F4 (module doc), saved in tmp_path as g.onnx and gq.onnx."""
+    import onnx
+    from onnx import numpy_helper
+
+    def build(extra, mm_in, more_inits, name):
+        nodes = [helper.make_node("Mul", ["x", "two"], [QX], name="mul"), *extra,
+                 helper.make_node("MatMul", [mm_in, "w"], ["y"], name="mm"),
+                 helper.make_node("Add", ["y", QX], ["out"], name="add")]
+        inits = [numpy_helper.from_array(np.ones((4, 1), np.float32), "w"),
+                 numpy_helper.from_array(np.array(2.0, np.float32), "two"), *more_inits]
+        g = helper.make_graph(nodes, name,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4])],
+                              inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        onnx.checker.check_model(m, full_check=True)
+        onnx.save(m, tmp_path / f"{name}.onnx")
+        return m
+
+    g = build([], "x", [], "g")
+    q = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["xq"], name="q"),
+         helper.make_node("DequantizeLinear", ["xq", "s", "zp"], ["xdq"], name="dq")]
+    gq = build(q, "xdq", [numpy_helper.from_array(np.array(0.125, np.float32), "s"),
+                          numpy_helper.from_array(np.array(0, np.int8), "zp")], "gq")
+    return g, gq
+
+
+@pytest.mark.xfail(strict=True, reason="F4 s9: the QDQ joint graph's chain tensors overwrite "
+                                       "the model's tensor of that name (qdq_graph._assemble)")
+def test_qdq_joint_graph_names_do_not_capture_the_models_tensors(tmp_path) -> None:
+    from kcverify.bounds.qdq_graph import bound_problem
+    from kcverify.kernels.spec import parse_kernel_spec
+    from kcverify.models.ir import load_onnx
+    from tests.soundness.adversarial.test_s6_util import QDQRunner
+
+    g, gq = _qdq_pair(tmp_path)
+    t = ProgramRunner(g)(Program(TRAIN, order="seq"), {"x": X})["out"]
+    inf_prog = Program(parse_kernel_spec("inf", {"compute": "fp32", "accumulate": "fp32"}),
+                       order="seq")
+    obs = 0.0
+    for quotient in ("exact", "fp32"):
+        for dq in ("exact", "fp32"):
+            i = QDQRunner(gq, quotient=quotient, dq=dq)(inf_prog, {"x": X})["out"]
+            obs = max(obs, float(np.max(np.abs(np.asarray(i, np.float64) - t))))
+    assert obs == 0.25
+    inf = parse_kernel_spec("inf", {"compute": "fp32", "accumulate": "fp32", "onnx": "gq.onnx"})
+    joint, tr, inf = bound_problem(load_onnx(str(tmp_path / "g.onnx")), TRAIN, inf, tmp_path)
+    bound = float(certify_drift(joint, tr, inf, {"x": X}, domain="interval").linf[0])
+    assert obs <= bound, (f"QDQ joint graph: certified {bound!r}, a conforming pair drifts "
+                          f"{obs!r} ({obs / bound:.3g}x)")

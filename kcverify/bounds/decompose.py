@@ -22,7 +22,7 @@ from typing import Any
 import onnx
 from onnx import defs
 
-from kcverify.models.ir import Graph, Node, _attr_value
+from kcverify.models.ir import Graph, Namer, Node, _attr_value
 
 MAX_DEPTH = 4
 
@@ -46,7 +46,7 @@ def _defaults(op: str, domain: str, opset: int) -> dict[str, Any]:
     return out
 
 
-def _instantiate(node: Node, fn: onnx.FunctionProto, opset: int) -> list[Node]:
+def _instantiate(node: Node, fn: onnx.FunctionProto, opset: int, namer: Namer) -> list[Node]:
     attrs = {**_defaults(node.op_type, node.domain, opset), **node.attrs}
     rename: dict[str, str] = {"": ""}
     for formal, actual in zip(fn.input, node.inputs):
@@ -67,9 +67,16 @@ def _instantiate(node: Node, fn: onnx.FunctionProto, opset: int) -> list[Node]:
                 new_attrs[a.name] = v
             else:
                 new_attrs[a.name] = _attr_value(a)
-        ins = tuple(rename.setdefault(i, prefix + i) for i in n.input)
-        outs = tuple(rename.setdefault(o, prefix + o) for o in n.output)
-        nodes.append(Node(f"{prefix}{k}_{n.op_type}", n.op_type, ins, outs, new_attrs, n.domain or ""))
+        # the body's own tensors and nodes under the node's name, fresh against every name the
+        # graph (and earlier expansions) use: a model tensor named "sp/exp_x" must not be
+        # overwritten by Softplus sp's body (F3 of session 9)
+        for t in (*n.input, *n.output):
+            if t not in rename:
+                rename[t] = namer.fresh(prefix + t)
+        ins = tuple(rename[i] for i in n.input)
+        outs = tuple(rename[o] for o in n.output)
+        nodes.append(Node(namer.fresh(f"{prefix}{k}_{n.op_type}"), n.op_type, ins, outs, new_attrs,
+                          n.domain or ""))
     return nodes
 
 
@@ -77,10 +84,12 @@ def expand(graph: Graph, has_rule: Callable[[Node], bool]) -> Graph:
     """The graph with every rule-less node that has an ONNX function body expanded."""
     nodes: list[Node] = []
     changed = False
+    namer = Namer(graph.names())
     for node in graph.nodes:
         n = _cast_like_as_cast(graph, node)
         # a function body's CastLike (Softplus, HardSigmoid) too, where its like is declared
-        nodes.extend(_cast_like_as_cast(graph, m) for m in _expand_node(n, graph.opset, has_rule, 0))
+        nodes.extend(_cast_like_as_cast(graph, m)
+                     for m in _expand_node(n, graph.opset, has_rule, 0, namer))
         changed = changed or nodes[-1] is not node  # rewritten or expanded
     if not changed:
         return graph
@@ -103,16 +112,17 @@ def _cast_like_as_cast(graph: Graph, n: Node) -> Node:
     return Node(n.name, "Cast", n.inputs[:1], n.outputs, {**n.attrs, "to": to}, n.domain)
 
 
-def _expand_node(n: Node, opset: int, has_rule: Callable[[Node], bool], depth: int) -> list[Node]:
+def _expand_node(n: Node, opset: int, has_rule: Callable[[Node], bool], depth: int,
+                 namer: Namer) -> list[Node]:
     if has_rule(n) or depth >= MAX_DEPTH:
         return [n]
     fn = _body(n.op_type, n.domain, opset)
     if fn is None:
         return [n]
-    body = _instantiate(n, fn, opset)
+    body = _instantiate(n, fn, opset, namer)
     out: list[Node] = []
     for m in body:
-        out.extend(_expand_node(m, opset, has_rule, depth + 1))
+        out.extend(_expand_node(m, opset, has_rule, depth + 1, namer))
     return out
 
 

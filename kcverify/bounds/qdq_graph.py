@@ -40,7 +40,7 @@ from onnx import TensorProto
 
 from kcverify.errors import KernelSpecError, ModelImportError
 from kcverify.kernels.spec import KernelSpec
-from kcverify.models.ir import Graph, Node, ValueInfo
+from kcverify.models.ir import Graph, Namer, Node, ValueInfo
 
 JOINT_DOMAIN = "kcverify.qdq"
 Q_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -282,13 +282,18 @@ class _Joiner:
         weights: dict[tuple[str, str], str] = {}  # (G initializer, DQ name) -> J name
         pre: list[Node] = []  # weight DQs (constants) first
         after: dict[str, list[Node]] = {}  # G tensor -> joint nodes right after it is produced
-        renamed_out = {name: f"{name}::pre_qdq" for name in out_chains}
+        # every name J adds is fresh against G's (a model tensor named like a generated one,
+        # "x::qdq0.0", would be overwritten by the joint node or overwrite it: F4 of session 9)
+        namer = Namer(g.names())
+        renamed_out = {name: namer.fresh(f"{name}::pre_qdq") for name in out_chains}
+        consts: dict[str, str] = {}
 
         def const(src: str) -> str:
             """G''s constant ``src`` as a float64 initializer of J (exact)."""
-            jn = f"qdq::{src}"
-            inits[jn] = np.asarray(self.gq.initializers[src]).astype(np.float64)
-            return jn
+            if src not in consts:
+                jn = consts[src] = namer.fresh(f"qdq::{src}")
+                inits[jn] = np.asarray(self.gq.initializers[src]).astype(np.float64)
+            return consts[src]
 
         def params(n: Node) -> list[str]:
             ins = [*n.inputs[1:3], ""][:2]  # scale, zero point ("" when omitted)
@@ -306,16 +311,16 @@ class _Joiner:
             cur = renamed_out.get(base, base)
             for k, c in enumerate(chain):
                 last = k == len(chain) - 1
-                qn = f"{base}::q{len(made)}.{k}"
-                dn = final if (last and final is not None) else f"{base}::qdq{len(made)}.{k}"
+                qn = namer.fresh(f"{base}::q{len(made)}.{k}")
+                dn = final if (last and final is not None) else namer.fresh(f"{base}::qdq{len(made)}.{k}")
                 q_attrs, d_attrs = _attrs(self, c.q, "q"), _attrs(self, c.dq, "dq")
                 q_ins, d_ins = [cur, *params(c.q)], [qn, *params(c.dq)]
                 where = pre if base in g.initializers else after.setdefault(base, [])
                 where.extend([
-                    Node(f"qdq/{c.q.name}", "QuantizeLinear", tuple(q_ins), (qn,), q_attrs,
-                         JOINT_DOMAIN),
-                    Node(f"qdq/{c.dq.name}#{base}", "DequantizeLinear", tuple(d_ins), (dn,),
-                         d_attrs, JOINT_DOMAIN)])
+                    Node(namer.fresh(f"qdq/{c.q.name}"), "QuantizeLinear", tuple(q_ins), (qn,),
+                         q_attrs, JOINT_DOMAIN),
+                    Node(namer.fresh(f"qdq/{c.dq.name}#{base}"), "DequantizeLinear",
+                         tuple(d_ins), (dn,), d_attrs, JOINT_DOMAIN)])
                 value_info[qn] = replace(info_of(base), name=qn)
                 value_info[dn] = replace(info_of(base), name=dn)
                 cur = dn
@@ -326,9 +331,9 @@ class _Joiner:
             key = (gi, dq.name)
             if key in weights:
                 return weights[key]
-            jn = f"{gi}::dq"
+            jn = namer.fresh(f"{gi}::dq")
             ins = [const(dq.inputs[0]), *params(dq)]
-            pre.append(Node(f"qdq/{dq.name}", "DequantizeLinear", (*ins, gi), (jn,),
+            pre.append(Node(namer.fresh(f"qdq/{dq.name}"), "DequantizeLinear", (*ins, gi), (jn,),
                             _attrs(self, dq, "dq"), JOINT_DOMAIN))
             value_info[jn] = ValueInfo(jn, "float32", tuple(np.shape(g.initializers[gi])))
             weights[key] = jn

@@ -107,6 +107,18 @@ class Graph:
                 const.update(o for o in n.outputs if o)
         return const
 
+    def names(self) -> set[str]:
+        """Every tensor and node name the graph uses (inputs, outputs, initializers, value_info,
+        nodes' names, inputs and outputs): what a rewrite's generated names must avoid."""
+        out = {v.name for v in self.inputs} | {v.name for v in self.outputs}
+        out |= set(self.initializers) | set(self.value_info)
+        for n in self.nodes:
+            out.add(n.name)
+            out.update(n.inputs)
+            out.update(n.outputs)
+        out.discard("")
+        return out
+
     def op_census(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for n in self.nodes:
@@ -190,6 +202,26 @@ class Graph:
         imports += [helper.make_opsetid(d, v) for d, v in self.opsets.items() if d not in ("", "ai.onnx")]
         return helper.make_model(g, opset_imports=imports, ir_version=self.ir_version,
                                  producer_name="kcverify")
+
+
+class Namer:
+    """Fresh names for a graph rewrite (a function body's tensors, a joint graph's Q/DQ): a
+    generated name that a model already uses would overwrite the model's tensor, and every later
+    reader would be bounded as the wrong value (findings F3 / F4 of session 9). ``fresh(want)``
+    is ``want`` when no name taken so far is ``want``, else ``want#k`` with the first free k;
+    either is taken from then on. Tensor and node names share the one set (stricter than ONNX's
+    separate namespaces, and node names key case sites)."""
+
+    def __init__(self, taken: Iterable[str]) -> None:
+        self.taken = set(taken)
+
+    def fresh(self, want: str) -> str:
+        name, k = want, 1
+        while name in self.taken:
+            name = f"{want}#{k}"
+            k += 1
+        self.taken.add(name)
+        return name
 
 
 def _value_info(v: onnx.ValueInfoProto) -> ValueInfo:

@@ -11,7 +11,7 @@ Finding F3 of session 9 (/work/notes/s9/adv_findings.md): a MatMul with fp8 acti
 ``sp/exp_x``, Softplus node ``sp`` follows, out = sp/exp_x + softplus(x). The engine bounds
 exp(x) + softplus(x) (both kernels fp32: drift 1.8e-06), the conforming programs differ by 0.25
 (x = 1.0625 is an e4m3 tie, cast to 1.0): 1.4e5 x the certified bound, interval and best.
-xfail(strict) until the expansion's names are fresh.
+Fixed in the same session (models.ir.Namer): these tests assert the fix.
 
 Finding F4, the same in kcverify/bounds/qdq_graph.py: the joint graph of a model G and its QDQ
 graph G' names a chain's tensors ``f"{base}::q{n}.{k}"`` / ``f"{base}::qdq{n}.{k}"`` (and
@@ -66,8 +66,6 @@ def test_control_without_the_collision() -> None:
         assert obs <= bound, (dom, obs, bound)
 
 
-@pytest.mark.xfail(strict=True, reason="F3 s9: a function body's renamed tensors overwrite the "
-                                       "model's tensor of that name (decompose._instantiate)")
 @pytest.mark.parametrize("dom", ["interval", "best"])
 def test_function_body_names_do_not_capture_the_models_tensors(dom: str) -> None:
     import onnx
@@ -81,7 +79,6 @@ def test_function_body_names_do_not_capture_the_models_tensors(dom: str) -> None
                           f"({obs / bound:.3g}x)")
 
 
-@pytest.mark.xfail(strict=True, reason="F3 s9: prove proves and check accepts the collided model")
 def test_prove_and_check_accept_the_collided_model(tmp_path) -> None:
     """The same model through a contract: ``kcverify prove`` proves linf <= 0.01 (its leaf's
     bound 1.8e-06) and ``kcverify check`` in a fresh process accepts the certificate; the
@@ -141,8 +138,6 @@ def _qdq_pair(tmp_path):
     return g, gq
 
 
-@pytest.mark.xfail(strict=True, reason="F4 s9: the QDQ joint graph's chain tensors overwrite "
-                                       "the model's tensor of that name (qdq_graph._assemble)")
 def test_qdq_joint_graph_names_do_not_capture_the_models_tensors(tmp_path) -> None:
     from kcverify.bounds.qdq_graph import bound_problem
     from kcverify.kernels.spec import parse_kernel_spec

@@ -32,7 +32,7 @@ from kcverify.kernels.cast import cast_grid
 from kcverify.kernels.formats import Format
 from kcverify.kernels.scale import scale_from_amax, weight_scale
 from kcverify.kernels.spec import CastSpec, KernelSpec
-from kcverify.models.ir import Graph
+from kcverify.models.ir import Graph, Namer
 
 _QTYPES: dict[str, tuple[Any, int]] = {
     "fp8_e4m3": (ml_dtypes.float8_e4m3fn, TensorProto.FLOAT8E4M3FN),
@@ -111,13 +111,14 @@ def make_qdq_model(graph: Graph, spec: KernelSpec,
     renames: dict[tuple[int, int], str] = {}
     dq_nodes: list[onnx.NodeProto] = []
     done_w: dict[tuple[str, int], str] = {}
+    namer = Namer(graph.names())  # the added tensors and nodes never reuse a model name
     for ni, idx, name in wq:
         n = graph.nodes[ni]
         w = inits[name]
         axis = _out_axis(n.op_type, idx, n.attrs, w.ndim)
         key = (name, axis)
         if key not in done_w:
-            done_w[key] = _weight_dq(name, w, spec.weights, axis, new_inits, dq_nodes)
+            done_w[key] = _weight_dq(name, w, spec.weights, axis, new_inits, dq_nodes, namer)
         renames[(ni, idx)] = done_w[key]
     act_out: dict[str, str] = {}
     if acts:
@@ -131,7 +132,7 @@ def make_qdq_model(graph: Graph, spec: KernelSpec,
             amax = calibration_amax(graph, acts, calibration or {})
             scales = {a: float(scale_from_amax(torch.tensor(m), cast)) for a, m in amax.items()}
         for a in acts:
-            act_out[a] = _activation_qdq(a, scales[a], cast, new_inits, dq_nodes)
+            act_out[a] = _activation_qdq(a, scales[a], cast, new_inits, dq_nodes, namer)
     # rewire and insert the new nodes just before their first consumer
     out_nodes: list[onnx.NodeProto] = []
     pending = {nd.output[0]: nd for nd in dq_nodes}
@@ -168,13 +169,13 @@ def make_qdq_model(graph: Graph, spec: KernelSpec,
 
 
 def _weight_dq(name: str, w: np.ndarray, cast: CastSpec, axis: int,
-               inits: list[onnx.TensorProto], nodes: list[onnx.NodeProto]) -> str:
+               inits: list[onnx.TensorProto], nodes: list[onnx.NodeProto], namer: Namer) -> str:
     np_type, _ = _qtype(cast.format, "weights")
     form = cast.kind.qdq("weights")  # Unsupported (a KernelSpecError) for a kind with no QDQ form
     wt = torch.from_numpy(np.asarray(w, dtype=np.float64))
     s = weight_scale(wt, cast, out_axis=axis)
     q = cast_grid(wt, cast.format, s).numpy()
-    qname, sname = f"{name}__q", f"{name}__scale"
+    qname, sname = namer.fresh(f"{name}__q"), namer.fresh(f"{name}__scale")
     inits.append(numpy_helper.from_array(q.astype(np.float32).astype(np_type), qname))
     attrs: dict[str, Any] = {}
     if form == "per_axis" and w.ndim > 0:
@@ -183,19 +184,22 @@ def _weight_dq(name: str, w: np.ndarray, cast: CastSpec, axis: int,
     else:
         scale = np.array(s.reshape(-1)[0].item(), dtype=np.float32)
     inits.append(numpy_helper.from_array(scale, sname))
-    out = f"{name}__dq"
-    nodes.append(helper.make_node("DequantizeLinear", [qname, sname], [out], name=f"{name}/DequantizeLinear", **attrs))
+    out = namer.fresh(f"{name}__dq")
+    nodes.append(helper.make_node("DequantizeLinear", [qname, sname], [out],
+                                  name=namer.fresh(f"{name}/DequantizeLinear"), **attrs))
     return out
 
 
 def _activation_qdq(name: str, scale: float, cast: CastSpec, inits: list[onnx.TensorProto],
-                    nodes: list[onnx.NodeProto]) -> str:
+                    nodes: list[onnx.NodeProto], namer: Namer) -> str:
     np_type, _ = _qtype(cast.format, "activations")
     base = name.replace("/", "_")
-    sname, zname = f"{base}__act_scale", f"{base}__act_zp"
+    sname, zname = namer.fresh(f"{base}__act_scale"), namer.fresh(f"{base}__act_zp")
     inits.append(numpy_helper.from_array(np.array(scale, dtype=np.float32), sname))
     inits.append(numpy_helper.from_array(np.zeros((), dtype=np.float32).astype(np_type), zname))
-    qout, dqout = f"{base}__q", f"{base}__dq"
-    nodes.append(helper.make_node("QuantizeLinear", [name, sname, zname], [qout], name=f"{base}/QuantizeLinear"))
-    nodes.append(helper.make_node("DequantizeLinear", [qout, sname, zname], [dqout], name=f"{base}/DequantizeLinear"))
+    qout, dqout = namer.fresh(f"{base}__q"), namer.fresh(f"{base}__dq")
+    nodes.append(helper.make_node("QuantizeLinear", [name, sname, zname], [qout],
+                                  name=namer.fresh(f"{base}/QuantizeLinear")))
+    nodes.append(helper.make_node("DequantizeLinear", [qout, sname, zname], [dqout],
+                                  name=namer.fresh(f"{base}/DequantizeLinear")))
     return dqout

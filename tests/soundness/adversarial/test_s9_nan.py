@@ -16,6 +16,11 @@ interval and best; through a contract (linf <= 1.5, Sigmoid) ``kcverify prove`` 
 clause and a fresh ``kcverify check`` accepts. Finding F5 of session 9
 (/work/notes/s9/adv_findings.md); xfail(strict) until a rule's (-inf, inf) input gives a
 (-inf, inf) output (or the dispatcher closes every float op under NaN inputs).
+
+The same with Mul by a constant 0 (box.imul reads 0 * inf as 0): an fp8 tie (tests/bounds/
+test_cases' x and w1; y1 casts to 20 or 22) makes d = z - 22 exactly 0 in the sequential
+inference program, e = d / d = NaN, out = e * 0 = NaN; certified 1.4e-45 (interval and best).
+MatMul by a zero weight keeps (-inf, inf): no violation.
 """
 
 from __future__ import annotations
@@ -116,3 +121,42 @@ def test_prove_and_check_accept_a_finite_bound_on_a_nan_output(tmp_path) -> None
     checked = check_fresh(st, path).returncode == 0
     assert not checked, (f"prove proves linf <= 1.5 (leaf {float(np.max(per))!r}) and check "
                          "accepts; every fp16 inference program outputs NaN at logits[0, 0]")
+
+
+# fp32 kernels, fp8 activations with a per-tensor scale: tests/bounds/test_cases' tie
+FP8 = spec(compute="fp32", accumulate="fp32",
+           activations={"format": "fp8_e4m3", "scale": "dynamic_per_tensor"})
+TIE_X = np.array([[1.75, 1.0, 1.0, 1.0]], np.float32)
+_A = 5 * 2.0**-22
+TIE_W1 = np.array([[256, 12, 2], [0, _A, 0], [0, _A, 0], [0, -2 * _A, 0]], np.float32)
+
+
+def zero_mul_model(zero):
+    """y = x @ w1 (y1 = 21 + 2^-19 in order: cast to 22; 21 in reverse: the tie gives 20),
+    z = y1 (fp8 cast at mm2), d = z - 22, e = d / d, out = e * zero."""
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["y"], name="mm1"),
+             helper.make_node("MatMul", ["y", "w2"], ["z"], name="mm2"),
+             helper.make_node("Sub", ["z", "c"], ["d"], name="sub"),
+             helper.make_node("Div", ["d", "d"], ["e"], name="div"),
+             helper.make_node("Mul", ["e", "zero"], ["out"], name="mul")]
+    return chain_model(nodes, [("x", (1, 4)), ("w1", TIE_W1),
+                               ("w2", np.array([[0.0], [1.0], [0.0]], np.float32)),
+                               ("c", np.array([[22.0]], np.float32)),
+                               ("zero", np.array(zero, np.float32))], ["out"], opset=17)
+
+
+@pytest.mark.xfail(strict=True, reason="F5 s9: Mul by a constant 0 drops a NaN input")
+@pytest.mark.parametrize("dom", ["interval", "best"])
+@pytest.mark.parametrize("zero", [0.0, [[0.0]]], ids=["scalar", "matrix"])
+def test_mul_by_a_zero_constant_keeps_nan(zero, dom: str) -> None:
+    model = zero_mul_model(zero)
+    run = ProgramRunner(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        t = run(Program(TRAIN, order="seq"), {"x": TIE_X})["out"].astype(np.float64)
+        i = run(Program(FP8, order="seq"), {"x": TIE_X})["out"].astype(np.float64)
+    assert np.isfinite(t).all() and np.isnan(i).all()  # the premise: 0 / 0 in inference
+    res = certify_drift(graph_of(model), TRAIN, FP8, {"x": TIE_X}, domain=dom)
+    b = res.outputs["out"]
+    assert bool(((b.drift_lo == -np.inf) & (b.drift_hi == np.inf)).all()), (
+        f"{dom}: certified linf {float(res.linf[0])!r}; the sequential pair's drift is NaN")

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 
 from kcverify.bounds.box import F64, Box, Concrete, DiffBox, check_box, pad_check, pad_hi, pad_lo
+from kcverify.bounds.nan import close as nan_close
+from kcverify.bounds.nan import produced as nan_produced
 from kcverify.bounds.registry import (
     CONCRETE_OPS,
     INTERVAL,
@@ -266,9 +268,17 @@ def run_graph(graph: Graph, train: KernelSpec, inf: KernelSpec, state: dict[str,
                 raise BoundError(f"node {n.name!r} ({n.op_type}) reads {i!r}, which has no state")
         ctx = RuleCtx(n, train, inf, consts, graph.opset, dev, axes, batch)
         results = _dispatch(graph, n, ins, rd, ctx, separate)
+        made = nan_produced(results) if runs else None
         for run in runs:
             if any(isinstance(r, Box) for r in results):
                 results = run.step(graph, n, ins, results, ctx)
+        # a NaN-possible input reaches the outputs in every domain, and the NaN a rule made
+        # survives the meet (bounds/nan.py); a changed output's relational forms bound finite
+        # values only: dropped
+        results, nan_changed = nan_close(n, ins, results, axes, made)
+        for j in nan_changed:
+            for run in runs:
+                run.drop(n.outputs[j])
         for o, r in zip(n.outputs, results):
             if o:
                 if isinstance(r, Box):

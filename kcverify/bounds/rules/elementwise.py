@@ -51,12 +51,30 @@ def neg(ctx: RuleCtx, a) -> Box:
     return Box(-a.th, -a.tl, -a.ih, -a.il, -a.dh, -a.dl)
 
 
+def _zero_times_inf(al: torch.Tensor, ah: torch.Tensor, bl: torch.Tensor, bh: torch.Tensor
+                    ) -> torch.Tensor:
+    """Where a value of [al, ah] may be 0 and one of [bl, bh] infinite, or the other way: the
+    product may be 0 * inf = NaN (imul reads it as 0: its bounds are of finite values)."""
+    za, zb = (al <= 0) & (ah >= 0), (bl <= 0) & (bh >= 0)
+    ia, ib = (al == -INF) | (ah == INF), (bl == -INF) | (bh == INF)
+    return (za & ib) | (zb & ia)
+
+
 def mul_box(ctx: RuleCtx, a: Box, b: Box, prim: str = "mul") -> Box:
     ft = imul(a.tl, a.th, b.tl, b.th)
     fi = imul(a.il, a.ih, b.il, b.ih)
     d1 = imul(a.tl, a.th, b.dl, b.dh)
     d2 = imul(a.dl, a.dh, b.il, b.ih)
-    return _finish(ctx, prim, ft, fi, (d1[0] + d2[0], d1[1] + d2[1]))
+    out = _finish(ctx, prim, ft, fi, (d1[0] + d2[0], d1[1] + d2[1]))
+    # 0 * inf = NaN in IEEE arithmetic (an overflowed exp times a 0 mask: F6 of session 9): that
+    # kernel's value set there is (-inf, inf), which the engine reads as NaN possible
+    n_t = _zero_times_inf(a.tl, a.th, b.tl, b.th)
+    n_i = _zero_times_inf(a.il, a.ih, b.il, b.ih)
+    if bool(n_t.any()) or bool(n_i.any()):
+        n_t, n_i = n_t.expand(out.shape), n_i.expand(out.shape)
+        out = Box(torch.where(n_t, -INF, out.tl), torch.where(n_t, INF, out.th),
+                  torch.where(n_i, -INF, out.il), torch.where(n_i, INF, out.ih), out.dl, out.dh)
+    return out
 
 
 @bound_rule("Mul", domain=Interval)

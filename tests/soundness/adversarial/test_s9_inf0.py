@@ -80,14 +80,12 @@ def _assert_contains(model, dom: str) -> None:
                           f"; a conforming pair's drift {d.ravel()}")
 
 
-@pytest.mark.xfail(strict=True, reason="F6 s9: box.imul reads 0 * inf as 0; +inf is not NaN-possible")
 @pytest.mark.parametrize("dom", ["interval", "best"])
 @pytest.mark.parametrize("mask", sorted(MASKS))
 def test_an_overflowed_value_times_a_zero_constant_is_nan(mask: str, dom: str) -> None:
     _assert_contains(inf0_model(MASKS[mask]), dom)
 
 
-@pytest.mark.xfail(strict=True, reason="F6 s9: the NaN of 0 * inf reaches the Sigmoid unflagged")
 def test_the_nan_of_inf_times_zero_read_by_a_sigmoid() -> None:
     _assert_contains(inf0_model(MASKS["scalar"], after="Sigmoid"), "interval")
 
@@ -104,7 +102,6 @@ def test_a_zero_weight_keeps_nan(op: str) -> None:
     assert bool(((b.drift_lo == -np.inf) & (b.drift_hi == np.inf)).all())
 
 
-@pytest.mark.xfail(strict=True, reason="F6 s9: prove proves and check accepts a finite bound on NaN")
 def test_prove_and_check_accept_a_finite_bound_on_inf_times_zero(tmp_path) -> None:
     import onnx
 

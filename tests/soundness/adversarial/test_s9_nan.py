@@ -14,8 +14,8 @@ m = inf, c0 = inf - inf = NaN, logits0 = NaN (this suite's interpreter, and torc
 ops); training (fp32): logits0 = 1. Certified linf 1.00098 (Sigmoid) / 2.00098 (Tanh, Erf),
 interval and best; through a contract (linf <= 1.5, Sigmoid) ``kcverify prove`` proves the
 clause and a fresh ``kcverify check`` accepts. Finding F5 of session 9
-(/work/notes/s9/adv_findings.md); xfail(strict) until a rule's (-inf, inf) input gives a
-(-inf, inf) output (or the dispatcher closes every float op under NaN inputs).
+(/work/notes/s9/adv_findings.md); fixed in the same session by kcverify/bounds/nan.py (the
+engine closes every node's outputs under its NaN-possible inputs): these tests assert the fix.
 
 The same with Mul by a constant 0 (box.imul reads 0 * inf as 0): an fp8 tie (tests/bounds/
 test_cases' x and w1; y1 casts to 20 or 22) makes d = z - 22 exactly 0 in the sequential
@@ -82,7 +82,6 @@ def test_the_inference_programs_compute_nan(op: str) -> None:
     assert bool(torch.isnan(f(c))[0, 0]) and bool(torch.isfinite(f(c))[0, 1])
 
 
-@pytest.mark.xfail(strict=True, reason="F5 s9: a bounded-range activation drops a NaN input")
 @pytest.mark.parametrize("dom", ["interval", "best"])
 @pytest.mark.parametrize("op", OPS)
 def test_a_nan_input_to_a_bounded_activation_has_no_finite_bound(op: str, dom: str) -> None:
@@ -99,7 +98,6 @@ def test_a_nan_input_to_a_bounded_activation_has_no_finite_bound(op: str, dom: s
                           f"drift {d.ravel()}")
 
 
-@pytest.mark.xfail(strict=True, reason="F5 s9: prove proves and check accepts a NaN output")
 def test_prove_and_check_accept_a_finite_bound_on_a_nan_output(tmp_path) -> None:
     """Through a contract: linf(logits_inf - logits_train) <= 1.5 on the Sigmoid model."""
     import onnx
@@ -145,7 +143,6 @@ def zero_mul_model(zero):
                                ("zero", np.array(zero, np.float32))], ["out"], opset=17)
 
 
-@pytest.mark.xfail(strict=True, reason="F5 s9: Mul by a constant 0 drops a NaN input")
 @pytest.mark.parametrize("dom", ["interval", "best"])
 @pytest.mark.parametrize("zero", [0.0, [[0.0]]], ids=["scalar", "matrix"])
 def test_mul_by_a_zero_constant_keeps_nan(zero, dom: str) -> None:

@@ -260,3 +260,44 @@ def test_the_joint_directed_tree_shares_prefixes_too(linearised) -> None:  # typ
     assert len(a.leaves[0]) == 4 and a.leaves == b.leaves
     assert [[v.hex() for v in c] for c in a.leaf_linf] == [[v.hex() for v in c] for c in b.leaf_linf]
     assert a.resumed == 0 and b.resumed > 0
+
+
+@pytest.mark.campaign
+def test_decoder_layer2_split_resumed_bit_for_bit() -> None:
+    """The demo's decoder, eval input 0, whole-graph best (~60 CPU s): the case forcing layer-1
+    tie 415 and position 1's layer-2 tie 106, resumed from the snapshots its parent's run left
+    (before the layer-1 and layer-2 out-projections), equals the unshared run bit for bit, and
+    the resume skips at least the first 40 % of the nodes."""
+    from pathlib import Path
+
+    from kcverify.api import kernels_of
+    from kcverify.models.ir import load_onnx
+
+    root = Path(__file__).resolve().parents[2]
+    train, inf = kernels_of(root / "examples/contracts/fp8-deploy.yaml")
+    g = load_onnx(root / "models/tiny_decoder.onnx")
+    x = {"input_ids": np.load(root / "examples/data/eval.npz")["input_ids"][0:1]}
+    blks = whole_graph(g)
+
+    def run(path, cache=None):  # type: ignore[no-untyped-def]
+        tok = RUN_HOOK.set(cache) if cache is not None else None
+        try:
+            with forcing([path]) as r:
+                res = certify_drift(g, train, inf, x, domain="best", blocks=blks)
+        finally:
+            if tok is not None:
+                RUN_HOOK.reset(tok)
+        return res, r
+
+    cache = PrefixCache()
+    cache.nodes = {"node_MatMul_47", "node_MatMul_87"}
+    s47 = ("node_MatMul_47", "left", "inf")
+    s87 = ("node_MatMul_87", "left", "inf")
+    _, r1 = run([Decision(s47, 415, 28.0, 30.0)], cache)
+    e = [t for t in r1.seen[s87].rows[0] if t[0] == 106][0]
+    path = [Decision(s47, 415, 28.0, 30.0), Decision(s87, 106, e[1], e[2])]
+    shared, _ = run(path, cache)
+    n87 = [n.name for n in g.nodes].index("node_MatMul_87")
+    assert cache.resumed_at >= 0.4 * len(g.nodes) and cache.resumed_at >= n87 - 5
+    plain, _ = run(path)
+    assert _same(shared, plain)

@@ -594,6 +594,8 @@ def driver_groups(run: _Run, outputs: list[str], groups: list[dict[str, torch.Te
     return out
 
 
+# per-element trees: a group follows the whole goal's split where it is a driver of its own
+JOINT_FIRST = True
 DRIVER_SHARE = 0.1  # a driver's weight against the heaviest open driver's, to be split on
 
 
@@ -837,8 +839,25 @@ def _certify_per_element(graph: Any, train: Any, inf: Any, feeds: dict[str, Any]
                 groups = _position_groups(bad) if not lost else []
                 seen = {s: u.rows[0] for s, u in run.seen.items()}
                 weights = driver_groups(run, outs, groups) if groups else []
+                # joint first: the split the whole goal would take (its groups' weights summed);
+                # a group follows it where those elements are drivers of its own (at least
+                # DRIVER_SHARE of its heaviest), and picks its own split only where they are not
+                # (groups that need the same ties share one tree; independent ones get a sum)
+                union: dict[tuple[Site, int], float] = {}
+                for w in weights:
+                    for key_, v in w.items():
+                        union[key_] = union.get(key_, 0.0) + v
+                joint = (_choose(path, seen, union, order, per_split)
+                         if JOINT_FIRST and len(groups) > 1 else None)
                 for grp, w in zip(groups, weights):
-                    ch = _choose(path, seen, w, order, per_split)
+                    ch = None
+                    if joint is not None and w:
+                        top = max(w.values())
+                        if all(w.get((joint[0], e[0]), 0.0) >= DRIVER_SHARE * top
+                               for e in joint[1][:per_split]):
+                            ch = joint
+                    if ch is None:
+                        ch = _choose(path, seen, w, order, per_split)
                     if ch is None:
                         for nm, m in grp.items():
                             credit[nm] |= m.numpy()

@@ -38,13 +38,13 @@ from tests.soundness.adversarial.harness import chain_model, graph_of
 A = 5 * 2.0**-22
 
 
-def _two_positions():
+def _two_positions(w2=((0, 0), (1, 0), (0, 0), (0, 1))):  # type: ignore[no-untyped-def]
     """test_cases_directed's two ties y1 and y3, read by two output positions: out[0, p, 0]
-    holds tie p's z_p = y_(2p+1) through (z z - z z) + z / 1024 (the linearised product loses
-    what the case split recovers)."""
+    holds z_p = (y @ w2)_p through (z z - z z) + z / 1024 (the linearised product loses what
+    the case split recovers); by default position p reads tie y_(2p+1) alone."""
     w1 = np.array([[256, 12, 2, 12], [0, A, 0, A], [0, A, 0, A], [0, -2 * A, 0, -2 * A]],
                   np.float32)
-    w2 = np.array([[0, 0], [1, 0], [0, 0], [0, 1]], np.float32)
+    w2 = np.array(w2, np.float32)
     k = np.array(2.0**-10, np.float32)
     shape = np.array([1, 2, 1], np.int64)
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["y"]),
@@ -160,6 +160,23 @@ def test_per_element_trees_are_a_sum(linearised) -> None:  # type: ignore[no-unt
     bad = [(p, {"out": np.ones(2, bool)}) for p, _ in nodes]
     with pytest.raises(CaseError):
         check_cover(bad, sizes, order)
+
+
+def test_groups_that_need_the_same_ties_share_one_tree(linearised, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Both positions read both ties (y1 + y3 / 2 and y1 / 2 + y3): each group alone would split
+    its heavier tie first, two trees of 4 leaves (13 runs); joint first (JOINT_FIRST), both
+    follow the whole goal's split and share one tree (4 leaves, 7 runs, the joint tree's)."""
+    from kcverify.bounds import cases
+
+    g = graph_of(_two_positions(((0, 0), (1, 0.5), (0, 0), (0.5, 1))))
+    kw = dict(max_leaves=32, domain="best", threshold=0.5, per_split=1)
+    joint = certify_cases(g, TRAIN, INF, {"x": X}, **kw)
+    res = certify_cases(g, TRAIN, INF, {"x": X}, per_element=True, **kw)
+    assert (res.runs, len(res.leaves[0])) == (joint.runs, len(joint.leaves[0])) == (7, 4)
+    assert res.linf[0] == joint.linf[0] <= 0.5
+    monkeypatch.setattr(cases, "JOINT_FIRST", False)
+    own = certify_cases(g, TRAIN, INF, {"x": X}, per_element=True, **kw)
+    assert (own.runs, len(own.leaves[0])) == (13, 8) and own.linf[0] <= 0.5
 
 
 def test_masks_round_trip_and_refuse_padding() -> None:

@@ -18,9 +18,9 @@ spec". Two ways they do not, each a false certificate for a pair of such program
   plus eta below the normal range). Measured on this machine (2-core CPU sandbox, onnxruntime
   1.32, a 600001-point grid of [-30, 30]): Sigmoid returns 2^-23 = 1.19e-7 at x = -17.9623
   where sigmoid is 1.58e-8 (an absolute error ~1e-7: relative 1.1e8 u) and 0 at x = -20; Tanh
-  -1.0000002 at x = -8.9862 (4.5 u, |tanh| > 1); Log 3.4 u at x = 1.1638 (inside the engine's
-  set: its Log rule allows more). Sigmoid's and Tanh's are outside the training value set, so a pair (onnxruntime, torch), both fp32 and both conforming
-  by §1, drifts past the certified bound: Sigmoid of eight saturated units summed by a MatMul,
+  -1.0000002 at x = -8.9862 (4.5 u, |tanh| > 1); Log 3.4 u at x = 1.1638 (inside the
+  engine's set: its Log rule allows more). Sigmoid's and Tanh's are outside the training value
+  set, so a pair (onnxruntime, torch), both fp32 and both conforming by §1, drifts past the certified bound: Sigmoid of eight saturated units summed by a MatMul,
   drift 8.3e-7 against a certified 1.8e-13 (4.6e6x). torch's own fp32 sigmoid is 2.48 u at
   x = -16.6357 (1.24x the allowance; its value is outside the training value set too).
 

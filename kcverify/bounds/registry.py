@@ -348,12 +348,12 @@ class RuleCtx:
     def round(self, spec: KernelSpec, prim: str | None, lo: torch.Tensor, hi: torch.Tensor,
               steps: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Value set after ``steps`` roundings of ``prim`` into the compute format, and the
-        magnitude bound of the error: v' in [v - e(v), v + e(v)], e(v) = r|v| + eta, applied
-        ``steps`` times. Beyond max_finite the result may be inf: bounds become infinite."""
+        magnitude bound of the error: v' in [v - e(v), v + e(v)], e(v) = r|v| + eta (plus the
+        primitive's absolute error, KernelSpec.abs_err: sigmoid, tanh), applied ``steps`` times. Beyond max_finite the result may be inf: bounds become infinite."""
         if prim is None:  # a selection (ReLU, max): the exact value is representable
             return lo, hi, torch.zeros_like(lo)
         r = (1 + self.rel(spec, prim)) ** steps - 1
-        eta = spec.compute.eta * steps * (1 + r)
+        eta = (spec.compute.eta + spec.abs_err(prim)) * steps * (1 + r)
         return round_bounds(lo, hi, r, eta, spec.compute.max_finite)
 
     def lift(self, x: State) -> Box:

@@ -126,8 +126,9 @@ def gelu_error(spec, lo: torch.Tensor, hi: torch.Tensor, f_lo: torch.Tensor, f_h
     u, eta = spec.compute.u, spec.compute.eta
     k = spec.ulp(prim)
     c = (7 + k) if form == "tanh" else (5 + k)
-    # the inner tanh's absolute error (KernelSpec.abs_err) reaches f through 0.5 x
-    a = 0.5 * spec.abs_err(prim) * mag(lo, hi)
+    # the inner tanh's or erf's absolute error (KernelSpec.abs_err; a fused kernel's own erf,
+    # "gelu_erf": torch's vectorised Gelu) reaches f through 0.5 x
+    a = 0.5 * spec.abs_err("tanh" if form == "tanh" else "gelu_erf") * mag(lo, hi)
     return pad_hi((0.5 * c * mag(lo, hi) + 1.1 * mag(f_lo, f_hi)) * u + (mag(lo, hi) + 2) * eta
                   + a, 1e-6)
 

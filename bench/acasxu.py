@@ -13,6 +13,14 @@
         (a property with fewer than K instances gives its first), and the counts extrapolated
         to the 186 (each instance standing for its property's share).
 
+    python bench/acasxu.py rate [--nets 2_7,3_5] [--eps 0.05] [--budget 10]
+        Throughput (docs/regions.md, session 9): splits each network for --budget CPU s as
+        prove does (no certificate) and prints parts bounded, rounds, parts per CPU second and
+        where the CPU went: the slope descent (float32, plain passes and autograd), the sound
+        back-substitutions of the value and of the drift (float64, intermediate rows and the
+        objective), the cut choice (forward-only bounds of the candidate halves), the rest
+        (forward forms, relaxations, the driver).
+
     python bench/acasxu.py diagnose [--nets 2_7,3_5] [--eps 0.05] [--budget 8] [--parts 4]
         Where the open parts' looseness is (docs/regions.md, session 8; diagnostics, not bounds):
         splits each network for --budget CPU s as prove does, then on its worst open parts
@@ -232,6 +240,85 @@ def diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+PHASES = ("slope descent", "sound value", "sound drift", "cut choice")
+
+
+def phase_clock(chain_mod, property_mod, chooser) -> tuple[dict[str, float], list]:  # noqa: ANN001
+    """Wrap the domain's phases with CPU timers (a call inside another phase counts for the
+    outer one: the descent's plain passes are descent); returns the totals and the undo list."""
+    spent = dict.fromkeys(PHASES, 0.0)
+    active: list[str] = []
+    undo: list = []
+
+    def timed(name: str, f):  # noqa: ANN001, ANN202
+        def g(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            if active:
+                return f(*a, **k)
+            active.append(name)
+            t = time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[name] += time.process_time() - t
+                active.pop()
+        return g
+    for mod in (chain_mod, property_mod):
+        for attr, name in (("optimise_slopes", "slope descent"), ("backward_value", "sound value"),
+                           ("backward_drift", "sound drift")):
+            if hasattr(mod, attr):
+                undo.append((mod, attr, getattr(mod, attr)))
+                setattr(mod, attr, timed(name, getattr(mod, attr)))
+    undo.append((chooser, "evaluate", None))
+    chooser.evaluate = timed("cut choice", chooser.evaluate)
+    return spent, undo
+
+
+def rate(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    import kcverify.regions.chain as chain_mod
+    import kcverify.regions.property as property_mod
+    from kcverify.dsl.vnnlib import load_vnnlib
+    from kcverify.kernels.spec import parse_kernel_spec
+    from kcverify.models.ir import load_onnx
+    from kcverify.regions.chain import ChainBounds, extract_chain, one_thread
+    from kcverify.regions.plan import ALPHA_ITERS, BATCH
+    from kcverify.regions.property import DriftObjective
+    from kcverify.regions.split import branch_and_bound, cut_options
+
+    acas = data_dir()
+    train = parse_kernel_spec("train", {"compute": "fp32", "accumulate": "fp32"})
+    inf = parse_kernel_spec("inf", {"compute": "fp32", "accumulate": "fp32",
+                                    "weights": {"format": "fp16", "scale": "none"}})
+    lo, hi = (np.asarray(v, dtype=np.float64) for v in load_vnnlib(acas / "prop_1.vnnlib").box())
+    print(f"{'net':<6} {'verdict':<8} {'bound':>9} {'parts':>6} {'rounds':>6} {'cpu s':>6} "
+          f"{'parts/s':>7}  " + "  ".join(f"{p:>14}" for p in (*PHASES, "rest")))
+    for net in nets(args.nets):
+        g = load_onnx(acas / f"ACASXU_run2a_{net}_batch_2000.onnx")
+        cb = ChainBounds(extract_chain(g), train, inf, alpha_iters=ALPHA_ITERS)
+        obj = DriftObjective(cb, args.eps, hi - lo)
+        opts = cut_options(obj, True)
+        spent, undo = phase_clock(chain_mod, property_mod, opts["chooser"])
+        c0 = time.process_time()
+        try:
+            with one_thread(), torch.no_grad():
+                out = branch_and_bound(lo, hi, obj, budget_s=args.budget, batch=BATCH,
+                                       clock=time.process_time, **opts)
+        finally:
+            for mod, attr, f in undo:
+                if f is not None:
+                    setattr(mod, attr, f)
+        dc = time.process_time() - c0
+        rest = dc - sum(spent.values())
+        print(f"{net:<6} {out.verdict:<8} {out.bound:9.3g} {out.parts_bounded:6d} {out.rounds:6d} "
+              f"{dc:6.1f} {out.parts_bounded / dc:7.1f}  "
+              + "  ".join(f"{v:6.2f} ({v / dc:4.0%})" for v in (*spent.values(), rest)),
+              flush=True)
+    print(load())
+    return 0
+
+
 def _diag_outputs(obj, L, H, eps: float) -> None:  # noqa: ANN001 - DriftObjective, arrays
     """Which output decides the open parts, and the volume left by one clip of each part to the
     box hull of {x: the deciding linear bounds can exceed eps} (a clip keeps the whole part when
@@ -311,6 +398,10 @@ def main() -> int:
     a.add_argument("--eps", type=float, nargs="+", default=[0.05, 0.01])
     a.add_argument("--budget", type=float, default=120.0, help="seconds of splitting per net")
     a.add_argument("--nets", help="comma-separated, e.g. 1_1,2_3 (default: all 45)")
+    t = sub.add_parser("rate")
+    t.add_argument("--eps", type=float, default=0.05)
+    t.add_argument("--budget", type=float, default=10.0, help="CPU seconds of splitting per net")
+    t.add_argument("--nets", default="2_7,3_5")
     d = sub.add_parser("diagnose")
     d.add_argument("--eps", type=float, default=0.05)
     d.add_argument("--budget", type=float, default=8.0, help="CPU seconds of splitting per net")
@@ -333,6 +424,8 @@ def main() -> int:
         plan.CLOCK = time.process_time
     if args.what == "diagnose":
         return diagnose(args)
+    if args.what == "rate":
+        return rate(args)
     return neurodiff(args) if args.what == "neurodiff" else vnncomp(args)
 
 

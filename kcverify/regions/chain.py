@@ -1038,6 +1038,8 @@ def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
             P, N = Lam.clamp(min=0), Lam.clamp(max=0)
             term = P * _at(iu)
             c = c + term.sum(-1)
+            if not plain:  # this addition's rounding: partial sums of c may cancel later
+                pad = pad + 2 * U64 * c.abs()
             a = _at(sl) if slopes is None or j not in slopes else _slope(slopes[j], lo, tr["hi"][k],
                                                                            sl)
             Lam = P * _at(su) + N * a
@@ -1065,6 +1067,8 @@ def backward_value(cb: ChainBounds, r: Bounds, k: int, C: torch.Tensor,
             if not plain:
                 pad = pad + 4 * U64 * (Lnew.abs() * _at(amag)).sum(-1)
         c = c + term.sum(-1)
+        if not plain:  # this addition's rounding: partial sums of c may cancel later
+            pad = pad + 2 * U64 * c.abs()
         if not plain:
             pad = pad + (n + 4) * U64 * term.abs().sum(-1)
         Lam = Lnew
@@ -1104,6 +1108,8 @@ def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None
             Pd, Nd = Ld.clamp(min=0), Ld.clamp(max=0)
             term = Pt * _at(iu) + Pd * _at(ru) + Nd * _at(rl)
             c = c + term.sum(-1)
+            if not plain:  # this addition's rounding: partial sums of c may cancel later
+                pad = pad + 2 * U64 * c.abs()
             a = _at(sl) if slopes is None or j not in slopes else _slope(slopes[j], lt, ht, sl)
             Lt = Pt * _at(su) + Nt * a + Pd * _at(pu) + Nd * _at(pl)
             Ld = Pd * _at(qu) + Nd * _at(ql)
@@ -1144,6 +1150,8 @@ def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None
                 pad = pad + 4 * U64 * ((Lt.abs() * _at(tmag)).sum(-1)
                                        + (Ld.abs() * _at(dmag)).sum(-1))
         c = c + term.sum(-1)
+        if not plain:  # this addition's rounding: partial sums of c may cancel later
+            pad = pad + 2 * U64 * c.abs()
         if not plain:
             pad = pad + (n + 4) * U64 * term.abs().sum(-1)
     et, ei = r.input_err
@@ -1152,6 +1160,8 @@ def backward_drift(cb: ChainBounds, r: Bounds, C: torch.Tensor, upto: int | None
     else:
         term = (Lt - Ld).abs() * _at(et) + Ld.abs() * _at(ei)
     c = c + term.sum(-1)
+    if not plain:  # this addition's rounding: partial sums of c may cancel later
+        pad = pad + 2 * U64 * c.abs()
     if plain:
         return _plain_upper(r.box, Lt, c)
     pad = pad + (Lt.shape[-1] + 8) * U64 * (c.abs() + term.abs().sum(-1))

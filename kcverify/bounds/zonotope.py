@@ -775,8 +775,75 @@ def f_shift(a: Form, s: torch.Tensor) -> Form:
     return fp_err(a.local_like(c, a.Gd + z, a.r + z, L, P), 4)
 
 
+PRODUCT_SECOND_ORDER = True  # f_mul: the remainder by polarization, centred (below)
+
+
+def _l1_pm(ga: torch.Tensor, gb: torch.Tensor, t: torch.Tensor, sign: float) -> torch.Tensor:
+    """sum_s |t ga[s] + sign gb[s] / t| in chunks (t a power of two: the scalings are exact;
+    the one rounding of each sum and the summation: the caller's factor)."""
+    acc = torch.zeros(torch.broadcast_shapes(ga.shape[1:], gb.shape[1:], t.shape),
+                      dtype=F64, device=t.device)
+    k = int(ga.shape[0])
+    step = max(1, L1_CHUNK // max(1, acc.numel()))
+    ti = 1.0 / t
+    for i in range(0, k, step):
+        acc += (ga[i:i + step] * t + sign * (gb[i:i + step] * ti)).abs().sum(0)
+    return acc
+
+
+def _product_remainder(a: Form, b: Form, ga: torch.Tensor, gb: torch.Tensor,
+                       loc: tuple | None, same: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shift, half): the second-order term da db of a product (da = a - ca, db = b - cb) lies
+    in shift +- half. Polarization: for any t > 0, da db = ((t da + db/t)^2 - (t da - db/t)^2)/4,
+    so da db in [-rad(t da - db/t)^2 / 4, rad(t da + db/t)^2 / 4], the radii taken over the
+    *combined* generators (a symbol both share adds its coefficients before the absolute value)
+    plus t r_a + r_b / t (the noise parts, independent). With t = 2^round(log2 sqrt(rad_b /
+    rad_a)) (exact scalings) each end is at most (sqrt 2 + 1/sqrt 2)^2 / 4 = 1.125 rad_a rad_b;
+    each is also capped by rad_a rad_b (the old bound). A square (``same``: one form, one value
+    per element) is [0, rad_a^2]. docs/bounds.md, "Second-order remainders"."""
+    ra, rb = a.rad(), b.rad()
+    if same:
+        hi = pad_hi(ra * ra)
+        fin = torch.isfinite(hi)
+        return (torch.where(fin, 0.5 * hi, torch.zeros_like(hi)),
+                torch.where(fin, pad_hi(0.5 * hi) + TINY, torch.full_like(hi, math.inf)))
+    cap = pad_hi(ra * rb)
+    pos = (ra > 0) & (rb > 0) & torch.isfinite(cap)
+    e = torch.where(pos, torch.round(0.5 * torch.log2(torch.where(pos, rb / ra, 1.0))),
+                    torch.zeros_like(ra))
+    e = torch.nan_to_num(e, nan=0.0).clamp(-400.0, 400.0)
+    t = torch.exp2(e)
+    kd = int(ga.shape[0])
+    sums = []
+    for sign in (1.0, -1.0):
+        sp = _l1_pm(ga, gb, t, sign) if kd else torch.zeros_like(t)
+        k = kd
+        if loc is not None:
+            La, Lb = loc[0], loc[1]
+            if La is None:
+                sp = sp + _l1(Lb) / t
+                k += int(Lb.shape[0])
+            elif Lb is None:
+                sp = sp + _l1(La) * t
+                k += int(La.shape[0])
+            else:
+                sp = sp + _l1_pm(La, Lb, t, sign)
+                k += int(La.shape[0])
+        rad = (sp + t * a.r + b.r / t) * (1 + (k + 8) * U64)
+        sums.append(pad_hi(rad) + TINY)
+    lp = torch.minimum(pad_hi(0.25 * sums[0] * sums[0]), cap)
+    lm = torch.minimum(pad_hi(0.25 * sums[1] * sums[1]), cap)
+    fin = torch.isfinite(lp) & torch.isfinite(lm)
+    shift = torch.where(fin, 0.5 * lp - 0.5 * lm, torch.zeros_like(lp))
+    half = torch.where(fin, pad_hi(0.5 * lp + 0.5 * lm + 4 * U64 * (lp + lm)) + TINY,
+                       torch.full_like(lp, math.inf))
+    return shift, half
+
+
 def f_mul(a: Form, b: Form) -> Form:
-    """Elementwise product: ca cb + (ca Gb + cb Ga) eps + |ca| rb + |cb| ra + rad_a rad_b."""
+    """Elementwise product: ca cb + (ca Gb + cb Ga) eps + |ca| rb + |cb| ra + the second-order
+    term (``_product_remainder``; rad_a rad_b when PRODUCT_SECOND_ORDER is off)."""
+    same = a is b
     rank = max(a.c.dim(), b.c.dim())
     a, b = a.view(rank), b.view(rank)
     shape = torch.broadcast_shapes(a.shape, b.shape)
@@ -791,12 +858,71 @@ def f_mul(a: Form, b: Form) -> Form:
     zt = _binary_track()
     ex = _exact_product(zt, a, b, ga, gb, u, "mul") if zt is not None else None
     if ex is None:
-        r = a.c.abs() * b.r + b.c.abs() * a.r + a.rad() * b.rad()
-        return fp_err(Form(c, G, pad_hi(r), u, *_cat_local(loc, L)), 8)
+        if not PRODUCT_SECOND_ORDER:
+            r = a.c.abs() * b.r + b.c.abs() * a.r + a.rad() * b.rad()
+            return fp_err(Form(c, G, pad_hi(r), u, *_cat_local(loc, L)), 8)
+        shift, half = _product_remainder(a, b, ga, gb, loc, same)
+        c = c + shift
+        r = a.c.abs() * b.r + b.c.abs() * a.r + half + 4 * U64 * (c.abs() + shift.abs())
+        return fp_err(Form(c, G, pad_hi(r) + TINY, u, *_cat_local(loc, L)), 8)
     const, rows, rids, rem = ex  # the binary parts' product exactly (b_j^2 = 1)
     r = pad_hi(a.c.abs() * b.r + b.c.abs() * a.r + rem + 2 * U64 * const.abs())
     out = _with_rows(Form(c + const, G, r, u, *_cat_local(loc, L)), rows, rids)
     return fp_err(out, 8)
+
+
+MATMUL_POLAR_ROWS = 0  # f_matmul of two forms: symbols paired in the polarization (0: off, cost)
+MATMUL_POLAR_ENTRIES = 2**22  # entries of one chunk's (rows, ..., I, D, J) temporary
+
+
+def _matmul_remainder(a: Form, b: Form, ra: torch.Tensor, rb: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shift, half): the second-order term sum_d da_id db_dj of a product of two forms lies in
+    shift +- half. Per term d, the polarization of ``_product_remainder`` with t per (i, d, j);
+    the rows paired exactly are the ``MATMUL_POLAR_ROWS`` symbols of largest total |g| over
+    both operands, the others enter by the triangle inequality (|t g_a +- g_b / t| <= t |g_a| +
+    |g_b| / t: sound for any subset). Each term is capped by rad_a rad_b, the old bound."""
+    (ga, gb), _ = align([a, b])
+    k = int(ga.shape[0])
+    cap = pad_hi(ra.unsqueeze(-1) * rb.unsqueeze(-3))  # (..., I, D, J)
+    pos = (cap > 0) & torch.isfinite(cap)
+    q = torch.where(pos, rb.unsqueeze(-3) / ra.unsqueeze(-1), torch.ones_like(cap))
+    e = torch.nan_to_num(torch.round(0.5 * torch.log2(q)), nan=0.0, posinf=0.0, neginf=0.0)
+    t = torch.exp2(e.clamp(-400.0, 400.0))
+    ti = 1.0 / t
+    if k:
+        score = _row_l1(ga) + _row_l1(gb)
+        m = min(k, MATMUL_POLAR_ROWS)
+        top, rest = _top_rows(score, m)
+    else:
+        top = rest = torch.zeros(0, dtype=torch.int64)
+    sa = _l1(ga, rows=rest) if rest.numel() else torch.zeros_like(ra)
+    sb = _l1(gb, rows=rest) if rest.numel() else torch.zeros_like(rb)
+    sa = pad_hi((sa + a.r) * (1 + (k + 4) * U64)) + TINY
+    sb = pad_hi((sb + b.r) * (1 + (k + 4) * U64)) + TINY
+    base = t * sa.unsqueeze(-1) + ti * sb.unsqueeze(-3)
+    acc = [torch.zeros_like(cap), torch.zeros_like(cap)]
+    if top.numel():
+        step = max(1, MATMUL_POLAR_ENTRIES // max(1, cap.numel()))
+        tdev = top.to(ga.device)
+        for i in range(0, int(top.numel()), step):
+            rows = tdev[i:i + step]
+            x = ga[rows].unsqueeze(-1) * t
+            y = gb[rows].unsqueeze(-3) * ti
+            acc[0] += (x + y).abs().sum(0)
+            acc[1] += (x - y).abs().sum(0)
+    out = []
+    for sp in acc:
+        rad = pad_hi((sp * (1 + (k + 8) * U64) + base) * (1 + 4 * U64)) + TINY
+        out.append(torch.minimum(pad_hi(0.25 * rad * rad), cap))
+    nd = int(cap.shape[-2])
+    lp = out[0].sum(-2) * (1 + (nd + 4) * U64)
+    lm = out[1].sum(-2) * (1 + (nd + 4) * U64)
+    fin = torch.isfinite(lp) & torch.isfinite(lm)
+    shift = torch.where(fin, 0.5 * lp - 0.5 * lm, torch.zeros_like(lp))
+    half = torch.where(fin, pad_hi(0.5 * lp + 0.5 * lm + 4 * U64 * (lp + lm)) + TINY,
+                       torch.full_like(lp, math.inf))
+    return shift, half
 
 
 def f_matmul(a: Form, b: Form) -> Form:
@@ -816,7 +942,12 @@ def f_matmul(a: Form, b: Form) -> Form:
         ex = _exact_product(zt, a, b, gaa, gbb, ua, "matmul")
     if ex is None:
         ra, rb = a.rad(), b.rad()
-        r = a.c.abs() @ b.r + a.r @ b.c.abs() + ra @ rb
+        if not PRODUCT_SECOND_ORDER or MATMUL_POLAR_ROWS <= 0:
+            r = a.c.abs() @ b.r + a.r @ b.c.abs() + ra @ rb
+            return Form(c, G, (r + fp) * (1 + (n + 6) * U64) + TINY, u)
+        shift, half = _matmul_remainder(a, b, ra, rb)
+        c = c + shift
+        r = a.c.abs() @ b.r + a.r @ b.c.abs() + half + 4 * U64 * (c.abs() + shift.abs())
         return Form(c, G, (r + fp) * (1 + (n + 6) * U64) + TINY, u)
     const, rows, rids, rem = ex  # the binary parts' product exactly
     r = a.c.abs() @ b.r + a.r @ b.c.abs() + rem + 2 * U64 * const.abs()
@@ -906,11 +1037,23 @@ def f_select(cond: torch.Tensor, a: Form, b: Form) -> Form:
     return Form(torch.where(cond, a.c, b.c), torch.where(cond, ga, gb), torch.where(cond, a.r, b.r), u)
 
 
+SECOND_ORDER = True  # smooth functions: Taylor remainder from f'' on the hull, centred (below)
+
+
 def _first_order(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, f: Callable, df: Callable,
-                 df_range: Callable) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(f(c), f'(c), R): the first-order expansion at c of f over [lo, hi] and its mean-value
-    remainder bound R = max |f'(hull) - f'(c)| * max |x - c| (hull of [lo, hi] and c), each
-    rounded outward; None when any of them is not finite."""
+                 df_range: Callable, d2_range: Callable | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(centre, f'(c), R): f(x) lies in centre + f'(c)(x - c) +- R for every x in [lo, hi],
+    each rounded outward; None when any of them is not finite.
+
+    Two enclosures of the remainder rho(x) = f(x) - f(c) - f'(c)(x - c) over the hull H of
+    [lo, hi] and c, w = max |x - c|: the mean-value one, rho = (f'(xi) - f'(c))(x - c), |rho| <=
+    max |f'(H) - f'(c)| w; and, with ``d2_range`` (an enclosure of f'' over an interval), the
+    Lagrange form rho = f''(xi) (x - c)^2 / 2 with (x - c)^2 in [0, w^2], so rho in
+    [min(0, min f''(H)) w^2 / 2, max(0, max f''(H)) w^2 / 2]. Both hold, so rho lies in their
+    intersection [l, h]; the centre becomes f(c) + (l + h) / 2 and R (h - l) / 2: for a convex
+    or concave f, a quarter of the mean-value radius to second order (docs/bounds.md,
+    "Second-order remainders")."""
     f0 = f(c)
     lam = df(c)
     h_lo, h_hi = torch.minimum(lo, c), torch.maximum(hi, c)
@@ -923,14 +1066,94 @@ def _first_order(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, f: Callabl
     if not (bool(torch.isfinite(f0).all()) and bool(torch.isfinite(lam).all())
             and bool(torch.isfinite(R).all())):
         return None
-    return f0, lam, R
+    if d2_range is None or not SECOND_ORDER:
+        return f0, lam, R
+    m_lo, m_hi = d2_range(h_lo, h_hi)
+    m_lo = pad_lo(m_lo, 1e-12) - TINY
+    m_hi = pad_hi(m_hi, 1e-12) + TINY
+    q = pad_hi(0.5 * w * w)
+    t_lo = torch.nan_to_num(pad_lo(m_lo.clamp_max(0.0) * q), nan=-math.inf, neginf=-math.inf)
+    t_hi = torch.nan_to_num(pad_hi(m_hi.clamp_min(0.0) * q), nan=math.inf, posinf=math.inf)
+    t_lo = torch.where(q == 0, torch.zeros_like(q), t_lo)
+    t_hi = torch.where(q == 0, torch.zeros_like(q), t_hi)
+    lo_r = torch.maximum(t_lo, -R)
+    hi_r = torch.minimum(t_hi, R)
+    mid = 0.5 * lo_r + 0.5 * hi_r  # exact halves; their sum rounded: in the radius below
+    cen = f0 + mid
+    rad = torch.maximum(hi_r - mid, mid - lo_r).clamp_min(0.0)
+    # the evaluation error of f(c) (the caller adds 64 u |centre|, which need not cover it
+    # once the centre moved) and the roundings of mid and f0 + mid
+    rad = rad + 64 * U64 * f0.abs() + 4 * U64 * (mid.abs() + cen.abs() + lo_r.abs() + hi_r.abs())
+    rad = pad_hi(rad) + TINY
+    if not bool(torch.isfinite(rad).all()):
+        return f0, lam, R
+    return cen, lam, rad
+
+
+# --- enclosures of f'' over [lo, hi] (the Lagrange remainder of f_smooth) ---------------------
+def _crit_range(f2: Callable, lo: torch.Tensor, hi: torch.Tensor,
+                crits: tuple[float, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """min / max of f2 over [lo, hi] for an f2 whose extremes in the interior lie at ``crits``:
+    f2 at both ends and at each critical point clamped into the interval (a clamped point
+    outside is an end). Evaluation errors: _first_order pads by 1e-12 relative + 2^-1000."""
+    vals = [f2(lo), f2(hi)] + [f2(torch.clamp(torch.full_like(lo, x), lo, hi)) for x in crits]
+    v = torch.stack(vals)
+    return v.amin(0), v.amax(0)
+
+
+def _d2_exp(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.exp(lo), torch.exp(hi)
+
+
+def _d2_inv(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1/x)'' = 2 / x^3, decreasing on each side of 0 ([lo, hi] not containing 0)."""
+    return 2.0 / (hi * hi * hi), 2.0 / (lo * lo * lo)
+
+
+def _d2_rsqrt(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x^-1/2)'' = 3/4 x^-5/2, decreasing on x > 0."""
+    return 0.75 * hi ** -2.5, 0.75 * lo ** -2.5
+
+
+def _d2_sqrt(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x^1/2)'' = -1/4 x^-3/2, increasing on x > 0."""
+    return -0.25 * lo ** -1.5, -0.25 * hi ** -1.5
+
+
+def _d2_erf(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """erf'' = -(4 / sqrt(pi)) x exp(-x^2): extremes at -+1/sqrt(2)."""
+    k = 4.0 / math.sqrt(math.pi)
+    r = 1.0 / math.sqrt(2.0)
+    return _crit_range(lambda x: -k * x * torch.exp(-x * x), lo, hi, (-r, r))
+
+
+def _d2_tanh(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """tanh'' = -2 tanh(x) / cosh(x)^2: extremes where tanh^2 = 1/3."""
+    x0 = math.atanh(1.0 / math.sqrt(3.0))
+    return _crit_range(lambda x: -2.0 * torch.tanh(x) / torch.cosh(x) ** 2, lo, hi, (-x0, x0))
+
+
+def _d2_sigmoid(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sigmoid'' = s(x) s(-x) (s(-x) - s(x)): extremes at -+log(2 + sqrt(3))."""
+    x0 = math.log(2.0 + math.sqrt(3.0))
+    return _crit_range(lambda x: torch.sigmoid(x) * torch.sigmoid(-x)
+                       * (torch.sigmoid(-x) - torch.sigmoid(x)), lo, hi, (-x0, x0))
+
+
+def _d2_gelu(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x Phi(x))'' = phi(x) (2 - x^2) (the erf form): extremes at 0 and -+2."""
+    k = 1.0 / math.sqrt(2.0 * math.pi)
+    return _crit_range(lambda x: k * torch.exp(-0.5 * x * x) * (2.0 - x * x), lo, hi,
+                       (-2.0, 0.0, 2.0))
 
 
 def f_smooth(a: Form, lo: torch.Tensor, hi: torch.Tensor, f: Callable, df: Callable,
-             df_range: Callable) -> Form | None:
+             df_range: Callable, d2_range: Callable | None = None) -> Form | None:
     """f(x) = f(c) + f'(c)(x - c) + R, |R| <= max |f'(hull) - f'(c)| * max |x - c| (mean-value
-    theorem over the hull of [lo, hi] and c). None when the expansion is not finite."""
-    first = _first_order(a.c, lo, hi, f, df, df_range)
+    theorem over the hull of [lo, hi] and c), met with the Lagrange remainder from ``d2_range``
+    (an enclosure of f'' over an interval) and centred (``_first_order``). None when the
+    expansion is not finite."""
+    first = _first_order(a.c, lo, hi, f, df, df_range, d2_range)
     if first is None:
         return None
     f0, lam, R = first
@@ -1596,7 +1819,7 @@ def _binary(kind: str) -> ZRule:
                     if not (pos or neg):
                         return None
                     inv = f_smooth(b.forms()[k], lo, hi, lambda x: 1.0 / x, lambda x: -1.0 / (x * x),
-                                   _inv_drange)
+                                   _inv_drange, _d2_inv)
                     if inv is None:
                         return None
                     f = f_mul(_as_z(a, ctx).forms()[k], inv)
@@ -1625,7 +1848,7 @@ def _neg(zt, ctx, states, boxes, results):
 # --- smooth unary ops ---------------------------------------------------------------------------
 def _unary(prim: str, f: Callable, df: Callable, df_range: Callable,
            domain: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
-           err: Callable | None = None) -> ZRule:
+           err: Callable | None = None, d2_range: Callable | None = None) -> ZRule:
     def rule(zt, ctx, states, boxes, results):
         x = states[0]
         out = []
@@ -1633,7 +1856,7 @@ def _unary(prim: str, f: Callable, df: Callable, df_range: Callable,
             lo, hi = in_bounds(x, boxes[0], k)
             if domain is not None and not domain(lo, hi):
                 return None
-            y = f_smooth(x.forms()[k], lo, hi, f, df, df_range)
+            y = f_smooth(x.forms()[k], lo, hi, f, df, df_range, d2_range)
             if y is None:
                 return None
             if err is not None:
@@ -1648,17 +1871,20 @@ def _unary(prim: str, f: Callable, df: Callable, df_range: Callable,
 def _register_unary() -> None:
     from kcverify.bounds.rules.elementwise import _erf_d, _exp_d, _sig_d, _sqrt_d, _tanh_d
 
-    _register("Exp", _unary("exp", torch.exp, torch.exp, _exp_d))
-    _register("Tanh", _unary("tanh", torch.tanh, lambda x: 1 - torch.tanh(x) ** 2, _tanh_d))
+    _register("Exp", _unary("exp", torch.exp, torch.exp, _exp_d, d2_range=_d2_exp))
+    _register("Tanh", _unary("tanh", torch.tanh, lambda x: 1 - torch.tanh(x) ** 2, _tanh_d,
+                             d2_range=_d2_tanh))
     _register("Erf", _unary("erf", torch.erf,
-                               lambda x: 2 / math.sqrt(math.pi) * torch.exp(-x * x), _erf_d))
+                               lambda x: 2 / math.sqrt(math.pi) * torch.exp(-x * x), _erf_d,
+                               d2_range=_d2_erf))
     _register("Sigmoid", _unary("sigmoid", torch.sigmoid,
-                                   lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)), _sig_d))
+                                   lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)), _sig_d,
+                                   d2_range=_d2_sigmoid))
     _register("Sqrt", _unary("sqrt", torch.sqrt, lambda x: 0.5 / torch.sqrt(x), _sqrt_d,
-                             domain=lambda lo, hi: bool((lo > 0).all())))
+                             domain=lambda lo, hi: bool((lo > 0).all()), d2_range=_d2_sqrt))
     _register("Reciprocal", _unary(
         "div", lambda x: 1.0 / x, lambda x: -1.0 / (x * x), _inv_drange,
-        domain=lambda lo, hi: bool((lo > 0).all()) or bool((hi < 0).all())))
+        domain=lambda lo, hi: bool((lo > 0).all()) or bool((hi < 0).all()), d2_range=_d2_inv))
 
 
 _register_unary()
@@ -1673,7 +1899,7 @@ def _gelu_rule(zt, ctx, states, boxes, results):
     for k, spec in enumerate(ctx.kernels):
         lo, hi = in_bounds(x, boxes[0], k)
         y = f_smooth(x.forms()[k], lo, hi, lambda v: gelu_f(v, form), lambda v: gelu_df(v, form),
-                     lambda a, b: gelu_drange(a, b, form))
+                     lambda a, b: gelu_drange(a, b, form), _d2_gelu if form == "none" else None)
         if y is None:
             return None
         f_lo, f_hi = y.bounds()
@@ -2426,7 +2652,7 @@ def _layernorm(zt, ctx, states, boxes, results):
             return None
         ve = f_shift(v, torch.tensor(eps, dtype=F64))
         rs = f_smooth(ve, pad_lo(v_lo), pad_hi(v_hi), lambda t: 1.0 / torch.sqrt(t),
-                      lambda t: -0.5 * t ** -1.5, _rsqrt_drange)
+                      lambda t: -0.5 * t ** -1.5, _rsqrt_drange, _d2_rsqrt)
         if rs is None:
             return None
         y = f_mul(xc, rs)
@@ -2483,6 +2709,55 @@ def _ln_row_errors(zt: ZonoTrack, spec: KernelSpec, y: Form, y_nb: Form, parts: 
     return zt.row_symbols(_add_err(y, noise), [coef_mu, coef_r])
 
 
+SOFTMAX_PIVOT = True  # softmax: shift each row by its pivot element's form (below)
+
+
+def _softmax_pivot(fz: Form, masked: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
+                   ) -> tuple[Form, torch.Tensor, torch.Tensor]:
+    """z = x - x_p per row, p the row's largest centre (not masked): softmax(x) = softmax(x - y)
+    for any y per row, here a form, so what the row's entries share (a common shift) cancels
+    before exp, and z_p = 0 exactly (e_p = 1: no remainder; the others' are scaled by their
+    small exp). (z, lo, hi): the form, its range met with [lo_j - hi_p, hi_j - lo_p]; masked
+    entries 0 (the caller selects them out)."""
+    cm = torch.where(masked, torch.full_like(fz.c, -float("inf")), fz.c)
+    p = cm.argmax(-1, keepdim=True)
+    xp = fz.like(fz.c.gather(-1, p), fz.G.gather(-1, p.unsqueeze(0).expand(fz.k, *p.shape)),
+                 fz.r.gather(-1, p))
+    z = f_add(fz, xp, -1.0)
+    piv = torch.zeros_like(masked).scatter(-1, p, True)
+    z = f_select(~piv, z, const_form(torch.zeros_like(fz.c)))  # x_p - x_p = 0 exactly
+    zl, zh = z.bounds()
+    lo_p, hi_p = lo.gather(-1, p), hi.gather(-1, p)
+    zl = torch.maximum(zl, pad_lo(lo - hi_p))
+    zh = torch.minimum(zh, pad_hi(hi - lo_p))
+    zero = torch.zeros_like(zl)
+    zl = torch.where(masked | piv, zero, zl)
+    zh = torch.where(masked | piv, zero, zh)
+    return z, zl, zh
+
+
+def _softmax_exp_div(zf: Form, z_lo: torch.Tensor, z_hi: torch.Tensor, masked: torch.Tensor
+                     ) -> Form | None:
+    """exp(z) / sum exp(z) over the last axis (masked entries exactly 0) for a row-shifted z;
+    None when a form is not finite or a row sum's form reaches 0."""
+    zero = const_form(torch.zeros_like(zf.c))
+    z_lo, z_hi = pad_lo(z_lo), pad_hi(z_hi)
+    e = f_smooth(zf, z_lo, z_hi, torch.exp, torch.exp, lambda a, b: (torch.exp(a), torch.exp(b)),
+                 _d2_exp)
+    if e is None:
+        return None
+    e = f_select(~masked, e, zero)
+    s = f_sum(e, -1)
+    s_lo, s_hi = s.bounds()
+    if not bool((s_lo > 0).all()):
+        return None
+    inv = f_smooth(s, s_lo, s_hi, lambda t: 1.0 / t, lambda t: -1.0 / (t * t), _inv_drange,
+                   _d2_inv)
+    if inv is None:
+        return None
+    return f_mul(e, inv)
+
+
 @zrule("Softmax")
 def _softmax(zt, ctx, states, boxes, results):
     from kcverify.bounds.rules.softmax import nan_rows, realized_error, softmax_range
@@ -2510,22 +2785,19 @@ def _softmax(zt, ctx, states, boxes, results):
         zero = const_form(torch.zeros_like(f.c))
         fz = f_select(~masked, f, zero)
         m = torch.where(masked, torch.full_like(f.c, -float("inf")), f.c).amax(-1, keepdim=True)
+        pv = None
+        if SOFTMAX_PIVOT and bool(torch.isfinite(m).all()):
+            pv = _softmax_exp_div(*_softmax_pivot(fz, masked, lo, hi), masked)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         zf = f_shift(fz, -m)
         z_lo, z_hi = torch.where(masked, zero.c, lo - m), torch.where(masked, zero.c, hi - m)
-        z_lo, z_hi = pad_lo(z_lo), pad_hi(z_hi)
-        e = f_smooth(zf, z_lo, z_hi, torch.exp, torch.exp, lambda a, b: (torch.exp(a), torch.exp(b)))
-        if e is None:
+        p = _softmax_exp_div(zf, z_lo, z_hi, masked)
+        if p is None and pv is None:
             return None
-        e = f_select(~masked, e, zero)
-        s = f_sum(e, -1)
-        s_lo, s_hi = s.bounds()
-        if not bool((s_lo > 0).all()):
-            return None
-        inv = f_smooth(s, s_lo, s_hi, lambda t: 1.0 / t, lambda t: -1.0 / (t * t), _inv_drange)
-        if inv is None:
-            return None
-        p = f_mul(e, inv)
+        if p is None or pv is None:
+            p = pv if p is None else p
+        else:  # per element the narrower of the two forms (each encloses the element alone)
+            p = f_select(pv.rad() <= p.rad(), pv, p)
         p_lo, p_hi, d_min = softmax_range(torch.where(masked, torch.full_like(lo, -float("inf")), lo),
                                           torch.where(masked, torch.full_like(hi, -float("inf")), hi))
         err = realized_error(spec, lo, hi, p_hi, d_min)

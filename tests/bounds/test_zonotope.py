@@ -227,7 +227,11 @@ def test_mul(seed: int, shapes: tuple, big: bool) -> None:
     a = _form(rng, shapes[0], _ids(rng, 8, 5), **kw)
     b = _form(rng, shapes[1], _ids(rng, 8, 4), g=2.0, r=0.5)
     _check(f_mul(a, b), [a, b], lambda x, y: x * y, rng, n=_n(seed, 200))
-    _check(f_mul(a, a), [a, a], lambda x, y: x * y, rng, n=_n(seed, 200))  # same eps; e drawn independently
+    # one form twice: one value per element, squared (zonotope._product_remainder's square)
+    _check(f_mul(a, a), [a], lambda x: x * x, rng, n=_n(seed, 200))
+    # a copy (another object): the same symbols, the noise drawn independently
+    a2 = a.with_r(a.r)
+    _check(f_mul(a, a2), [a, a2], lambda x, y: x * y, rng, n=_n(seed, 200))
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -2785,19 +2785,16 @@ def _softmax(zt, ctx, states, boxes, results):
         zero = const_form(torch.zeros_like(f.c))
         fz = f_select(~masked, f, zero)
         m = torch.where(masked, torch.full_like(f.c, -float("inf")), f.c).amax(-1, keepdim=True)
-        pv = None
+        p = None
         if SOFTMAX_PIVOT and bool(torch.isfinite(m).all()):
-            pv = _softmax_exp_div(*_softmax_pivot(fz, masked, lo, hi), masked)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        zf = f_shift(fz, -m)
-        z_lo, z_hi = torch.where(masked, zero.c, lo - m), torch.where(masked, zero.c, hi - m)
-        p = _softmax_exp_div(zf, z_lo, z_hi, masked)
-        if p is None and pv is None:
+            p = _softmax_exp_div(*_softmax_pivot(fz, masked, lo, hi), masked)
+        if p is None:  # no pivot, or a row sum's form reaches 0 with it: the centres' row max
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            zf = f_shift(fz, -m)
+            z_lo, z_hi = torch.where(masked, zero.c, lo - m), torch.where(masked, zero.c, hi - m)
+            p = _softmax_exp_div(zf, z_lo, z_hi, masked)
+        if p is None:
             return None
-        if p is None or pv is None:
-            p = pv if p is None else p
-        else:  # per element the narrower of the two forms (each encloses the element alone)
-            p = f_select(pv.rad() <= p.rad(), pv, p)
         p_lo, p_hi, d_min = softmax_range(torch.where(masked, torch.full_like(lo, -float("inf")), lo),
                                           torch.where(masked, torch.full_like(hi, -float("inf")), hi))
         err = realized_error(spec, lo, hi, p_hi, d_min)

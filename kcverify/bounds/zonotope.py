@@ -1525,7 +1525,10 @@ class ZonoTrack:
                 continue
             z = ZState(z.t.cap(self.cap_for(z.t)), z.i.cap(self.cap_for(z.i)))
             b = meet(res, z)
-            z = self.box_where_looser(z, b)
+            zb = self.box_where_looser(z, b)
+            if zb is not z:  # the boxes' own forms may bound the drift tighter (il - th, ..)
+                b = meet(b, zb)
+            z = zb
             self.forms[o_name] = z
             tightened.append(b)
             if STEP_TRACE is not None:

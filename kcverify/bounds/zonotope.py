@@ -1053,19 +1053,30 @@ def _first_order(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, f: Callabl
     [min(0, min f''(H)) w^2 / 2, max(0, max f''(H)) w^2 / 2]. Both hold, so rho lies in their
     intersection [l, h]; the centre becomes f(c) + (l + h) / 2 and R (h - l) / 2: for a convex
     or concave f, a quarter of the mean-value radius to second order (docs/bounds.md,
-    "Second-order remainders")."""
-    f0 = f(c)
-    lam = df(c)
-    h_lo, h_hi = torch.minimum(lo, c), torch.maximum(hi, c)
+    "Second-order remainders").
+
+    The expansion point is p = c clamped into [lo, hi] (F10 s9: a centre moved by an upstream
+    remainder can leave the box, and a hull from the box to c crossed 1/y's pole): f(x) = f(p)
+    + f'(p)(x - p) + rho(x) = [f(p) + f'(p)(c - p)] + f'(p)(x - c) + rho(x), rho over H =
+    [lo, hi] only; where c is in the box, p = c and nothing changes."""
+    p = torch.minimum(torch.maximum(c, lo), hi)
+    fp = f(p)
+    lam = df(p)
+    dc = c - p  # exact where c is in the box (0); else rounded: in the error below
+    lin = lam * dc
+    f0 = fp + lin
+    f0_err = pad_hi(4 * U64 * (fp.abs() + lin.abs() + f0.abs()) + 64 * U64 * fp.abs()) + TINY
+    h_lo, h_hi = lo, hi
     g_lo, g_hi = df_range(h_lo, h_hi)
     g_lo = pad_lo(g_lo, 64 * U64) - TINY
     g_hi = pad_hi(g_hi, 64 * U64) + TINY
     dev = pad_hi(torch.maximum(g_hi - lam, lam - g_lo).clamp_min(0.0))
-    w = pad_hi(torch.maximum(hi - c, c - lo).clamp_min(0.0))
-    R = pad_hi(dev * w)
+    w = pad_hi(torch.maximum(hi - p, p - lo).clamp_min(0.0))
+    R = pad_hi(dev * w + f0_err)
     if not (bool(torch.isfinite(f0).all()) and bool(torch.isfinite(lam).all())
             and bool(torch.isfinite(R).all())):
         return None
+    R0 = pad_hi(dev * w)
     if d2_range is None or not SECOND_ORDER:
         return f0, lam, R
     m_lo, m_hi = d2_range(h_lo, h_hi)
@@ -1076,14 +1087,15 @@ def _first_order(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, f: Callabl
     t_hi = torch.nan_to_num(pad_hi(m_hi.clamp_min(0.0) * q), nan=math.inf, posinf=math.inf)
     t_lo = torch.where(q == 0, torch.zeros_like(q), t_lo)
     t_hi = torch.where(q == 0, torch.zeros_like(q), t_hi)
-    lo_r = torch.maximum(t_lo, -R)
-    hi_r = torch.minimum(t_hi, R)
+    lo_r = torch.maximum(t_lo, -R0)
+    hi_r = torch.minimum(t_hi, R0)
     mid = 0.5 * lo_r + 0.5 * hi_r  # exact halves; their sum rounded: in the radius below
     cen = f0 + mid
     rad = torch.maximum(hi_r - mid, mid - lo_r).clamp_min(0.0)
-    # the evaluation error of f(c) (the caller adds 64 u |centre|, which need not cover it
-    # once the centre moved) and the roundings of mid and f0 + mid
-    rad = rad + 64 * U64 * f0.abs() + 4 * U64 * (mid.abs() + cen.abs() + lo_r.abs() + hi_r.abs())
+    # the evaluation error of f(p) and of f0 = f(p) + f'(p)(c - p) (the caller adds 64 u
+    # |centre|, which need not cover it once the centre moved) and the roundings of mid and
+    # f0 + mid
+    rad = rad + f0_err + 4 * U64 * (mid.abs() + cen.abs() + lo_r.abs() + hi_r.abs())
     rad = pad_hi(rad) + TINY
     if not bool(torch.isfinite(rad).all()):
         return f0, lam, R

@@ -273,3 +273,24 @@ def test_softmax_pivot_pipeline(seed: int, spread: float, peaked: bool) -> None:
     assert _mp_rows is not None
     worst = _check(p, [x], rows, rng, n=60 if seed == 1 else 200)
     assert worst <= 1.0
+
+
+@pytest.mark.parametrize("name", ["inv", "rsqrt", "exp"])
+def test_centre_outside_the_box(name: str) -> None:
+    """F10 s9: a centre moved by an upstream remainder may lie outside the box (here across
+    1/x's and rsqrt's pole); the expansion point is the centre clamped into the box, the hull
+    the box: values of the box are enclosed, and the rule never reads f beyond it."""
+    f, df, drange, exact, _, d2 = ALL[name]
+    rng = np.random.default_rng(4)
+    a = _form(rng, (3, 4), _ids(rng, 6, 4), g=0.05, r=0.01)
+    a = a.like(torch.full(a.shape, -0.1, dtype=F64), a.G, a.r)  # centre below 0
+    lo = torch.full(a.shape, 0.01, dtype=F64)
+    hi = torch.full(a.shape, 0.12, dtype=F64)
+    out = f_smooth(a, lo, hi, f, df, drange, d2)
+    assert out is not None and bool(torch.isfinite(out.r).all())
+    shifted = a.like(a.c + 0.15, a.G, a.r)  # the same values moved into the box: the centre in
+    out2 = f_smooth(shifted, lo, hi, f, df, drange, d2)
+    op = np.frompyfunc(exact, 1, 1)
+    # samples of the form that fall in the box (the realizable ones) must be enclosed
+    _check(out2, [shifted], op, rng, n=200, box=(lo, hi))
+    _check(out, [a], op, rng, n=400, box=(lo, hi))

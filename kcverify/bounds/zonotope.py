@@ -1118,8 +1118,11 @@ def _d2_exp(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 def _d2_inv(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(1/x)'' = 2 / x^3, decreasing on each side of 0 ([lo, hi] not containing 0)."""
-    return 2.0 / (hi * hi * hi), 2.0 / (lo * lo * lo)
+    """(1/x)'' = 2 / x^3, decreasing on each side of 0; unbounded where [lo, hi] holds 0 (the
+    rule's domain check excludes that; a guard should a caller ever pass such a hull: F10)."""
+    cross = (lo <= 0) & (hi >= 0)
+    a, b = 2.0 / (hi * hi * hi), 2.0 / (lo * lo * lo)
+    return torch.where(cross, -math.inf, a), torch.where(cross, math.inf, b)
 
 
 def _d2_rsqrt(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1844,9 +1847,10 @@ def _binary(kind: str) -> ZRule:
 
 
 def _inv_drange(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """-1/x^2 over [lo, hi] not containing 0."""
+    """-1/x^2 over [lo, hi]; unbounded below where [lo, hi] holds 0 (a guard, as _d2_inv)."""
     a, b = -1.0 / (lo * lo), -1.0 / (hi * hi)
-    return torch.minimum(a, b), torch.maximum(a, b)
+    cross = (lo <= 0) & (hi >= 0)
+    return torch.where(cross, -math.inf, torch.minimum(a, b)), torch.maximum(a, b)
 
 
 for _op in ("Add", "Sub", "Mul", "Div"):

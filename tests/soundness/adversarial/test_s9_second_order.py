@@ -23,17 +23,13 @@ import pytest
 import torch
 from onnx import helper
 
-from kcverify.bounds import certify_drift, zonotope
+from kcverify.bounds import certify_drift
 from tests.soundness.adversarial.harness import TRAIN, chain_model, graph_of, spec
 
 N = helper.make_node
 K = np.float32(0.83955)
 SHP = (1, 1)
 FP16 = spec(compute="fp16", accumulate="fp32")
-# F10 lives where the centred Lagrange remainder does (s9-minilm's b7e4381 and after it)
-F10 = pytest.mark.xfail(hasattr(zonotope, "SECOND_ORDER"), strict=True,
-                        reason="F10 s9: Reciprocal/Div's expansion point outside the box, hull "
-                               "across the pole (z certified [6.23, 7.29], torch 317.4)")
 
 
 def _bounds(dom: str, op: str = "Reciprocal"):
@@ -60,8 +56,7 @@ def _torch_pair(xv: float = 1.0) -> tuple[float, float]:
     return z32, z16
 
 
-@pytest.mark.parametrize("dom", ["interval", pytest.param("zonotope", marks=F10),
-                                 pytest.param("best", marks=F10)])
+@pytest.mark.parametrize("dom", ["interval", "zonotope", "best"])
 @pytest.mark.parametrize("op", ["Reciprocal", "Div"])
 def test_reciprocal_after_erf_holds_the_torch_pair(dom: str, op: str) -> None:
     b = _bounds(dom, op)

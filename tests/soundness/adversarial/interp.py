@@ -22,7 +22,7 @@ from onnx.reference.op_run import OpRun
 from tests.soundness.adversarial.programs import Program
 
 _UNARY = {"Exp": "exp", "Log": "log", "Tanh": "tanh", "Erf": "erf", "Sigmoid": "sigmoid",
-          "Reciprocal": "reciprocal"}
+          "Reciprocal": "reciprocal", "Softplus": "softplus"}
 
 
 def constant_names(model: onnx.ModelProto) -> set[str]:

@@ -187,7 +187,7 @@ class Program:
         return np.where(np.isfinite(d), d, near)
 
     def unary(self, name: str, x) -> np.ndarray:
-        """exp, log, tanh, erf, sigmoid, reciprocal within their ulps (float64 reference: 1e-15
+        """exp, log, tanh, erf, sigmoid, reciprocal, softplus within their ulps (float64 reference: 1e-15
         relative, far inside the 1e-9 of the radius arith.within keeps back)."""
         x = np.asarray(x, np.float64)
         t = torch.from_numpy(x)
@@ -204,6 +204,12 @@ class Program:
                 ex = torch.sigmoid(t).numpy()
             elif name == "reciprocal":
                 return self.div(1.0, x)
+            elif name == "softplus":
+                # a fused kernel (odd seeds: the exact value within the log's ulps) or the ONNX
+                # body log(exp(x) + 1), each primitive within its ulps (its exp may overflow)
+                if self.seed % 2:
+                    return self.prim(np.logaddexp(0.0, x), "log")
+                return self.unary("log", self.add(self.unary("exp", x), 1.0))
             else:
                 raise ValueError(name)
         out = self.prim(ex, name)

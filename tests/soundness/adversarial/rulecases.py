@@ -76,6 +76,7 @@ def _cases() -> list[RuleCase]:
         _node("Tanh", [("x", (B, 8))], scale=2.0),
         _node("Erf", [("x", (B, 8))], scale=2.0),
         _node("Sigmoid", [("x", (B, 8))], scale=3.0),
+        _node("Softplus", [("x", (B, 8))], scale=12.0),
         _node("Reciprocal", [("x", (B, 8))], positive=("x",)),
         _node("Pow", [("x", (B, 8)), ("e", np.array(2.0, np.float32))], id="Pow-2"),
         _node("Neg", [("x", (B, 8))]),

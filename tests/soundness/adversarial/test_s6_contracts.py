@@ -71,6 +71,22 @@ def check_fresh(st: dict, model: Path) -> subprocess.CompletedProcess:
                            st["s6:contract"]], capture_output=True, text=True, timeout=300)
 
 
+def prove_and_check(where: Path, model: onnx.ModelProto, x: np.ndarray, name: str, inf: str,
+                    threshold: float, full_check: bool = True) -> tuple[np.ndarray | None, bool]:
+    """``model`` and the input ``x`` through a one-clause contract (``mlp_contract``: clause
+    N-1, linf <= threshold, the inference kernel ``inf``), saved and proved in ``where``: the
+    clause's per-input leaf bounds (None: not proved) and whether a fresh ``kcverify check``
+    accepts the certificate (False when not proved)."""
+    if full_check:
+        onnx.checker.check_model(model, full_check=True)
+    path = where / "m.onnx"
+    onnx.save(model, path)
+    np.save(where / "x.npy", x)
+    st = prove_cert(where, mlp_contract(name, inf, where / "x.npy", threshold=threshold), path)
+    per = leaf_bounds(st, "N-1")
+    return per, per is not None and check_fresh(st, path).returncode == 0
+
+
 def attack_cert(st: dict, clause: str, slice_name: str, out: str, runs_t, runs_i, where: str
                 ) -> tuple[list[str], float, int]:
     """Every (training run, inference run) pair against the clause's per-input bounds and the

@@ -103,21 +103,11 @@ def test_a_zero_weight_keeps_nan(op: str) -> None:
 
 
 def test_prove_and_check_accept_a_finite_bound_on_inf_times_zero(tmp_path) -> None:
-    import onnx
+    from tests.soundness.adversarial.test_s6_contracts import prove_and_check
 
-    from tests.soundness.adversarial.test_s6_contracts import check_fresh, mlp_contract
-    from tests.soundness.adversarial.test_s6_util import leaf_bounds, prove_cert
-
-    model = inf0_model(MASKS["mask"])
-    onnx.checker.check_model(model, full_check=True)
-    path = tmp_path / "m.onnx"
-    onnx.save(model, path)
-    np.save(tmp_path / "x.npy", X)
-    st = prove_cert(tmp_path, mlp_contract("inf0", "{compute: fp32, accumulate: fp32}",
-                                           tmp_path / "x.npy", threshold=0.01), path)
-    per = leaf_bounds(st, "N-1")
+    per, checked = prove_and_check(tmp_path, inf0_model(MASKS["mask"]), X, "inf0",
+                                   "{compute: fp32, accumulate: fp32}", 0.01)
     if per is None:
         return  # not proved: the fix
-    checked = check_fresh(st, path).returncode == 0
     assert not checked, (f"prove proves linf <= 0.01 (leaf {float(np.max(per))!r}) and check "
                          "accepts; every fp32 program outputs NaN at logits[0, 0]")

@@ -100,23 +100,14 @@ def test_a_nan_input_to_a_bounded_activation_has_no_finite_bound(op: str, dom: s
 
 def test_prove_and_check_accept_a_finite_bound_on_a_nan_output(tmp_path) -> None:
     """Through a contract: linf(logits_inf - logits_train) <= 1.5 on the Sigmoid model."""
-    import onnx
-
-    from tests.soundness.adversarial.test_s6_contracts import check_fresh, mlp_contract
-    from tests.soundness.adversarial.test_s6_util import leaf_bounds, prove_cert
+    from tests.soundness.adversarial.test_s6_contracts import prove_and_check
 
     model = nan_model("Sigmoid")
-    onnx.checker.check_model(model, full_check=True)  # a valid model
     assert any(np.isnan(i).any() for _, i in _programs(model))
-    path = tmp_path / "m.onnx"
-    onnx.save(model, path)
-    np.save(tmp_path / "x.npy", X)
-    st = prove_cert(tmp_path, mlp_contract("nan", "{compute: fp16, accumulate: fp16}",
-                                           tmp_path / "x.npy", threshold=1.5), path)
-    per = leaf_bounds(st, "N-1")
+    per, checked = prove_and_check(tmp_path, model, X, "nan", "{compute: fp16, accumulate: fp16}",
+                                   1.5)  # a valid model (full_check)
     if per is None:
         return  # not proved: the fix
-    checked = check_fresh(st, path).returncode == 0
     assert not checked, (f"prove proves linf <= 1.5 (leaf {float(np.max(per))!r}) and check "
                          "accepts; every fp16 inference program outputs NaN at logits[0, 0]")
 

@@ -109,25 +109,15 @@ def test_softplus_drift_holds_the_torch_pair(dom: str) -> None:
 def test_prove_and_check_accept_the_softplus_bound(tmp_path) -> None:
     """F7 through a contract: prove proves linf <= 0.05 and a fresh check accepts, while the
     torch pair (fp32 training, bf16 inference) drifts 0.76. Passes once either refuses."""
-    import onnx
-
-    from tests.soundness.adversarial.test_s6_contracts import check_fresh, mlp_contract
-    from tests.soundness.adversarial.test_s6_util import leaf_bounds, prove_cert
+    from tests.soundness.adversarial.test_s6_contracts import prove_and_check
 
     x = np.array([[1001.0]], np.float32)
-    model = softplus_tanh_model()
-    onnx.checker.check_model(model, full_check=True)
-    path = tmp_path / "m.onnx"
-    onnx.save(model, path)
-    np.save(tmp_path / "x.npy", x)
-    st = prove_cert(tmp_path, mlp_contract("softplus", "{compute: bf16, accumulate: fp32}",
-                                           tmp_path / "x.npy", threshold=0.05), path)
-    per = leaf_bounds(st, "N-1")
+    per, checked = prove_and_check(tmp_path, softplus_tanh_model(), x, "softplus",
+                                   "{compute: bf16, accumulate: fp32}", 0.05)
     drift = float(abs(_torch_softplus_tanh(x, torch.bfloat16)
                       - _torch_softplus_tanh(x, torch.float32))[0, 0])
     if per is None:
         return  # not proved: the fix
-    checked = check_fresh(st, path).returncode == 0
     assert not (checked and drift > float(np.max(per))), (
         f"prove proves linf <= 0.05 (leaf {float(np.max(per))!r}) and check accepts; the torch "
         f"pair drifts {drift}")
